@@ -1,0 +1,137 @@
+"""Maintainers' tool for the chapters: build (execute) notebooks, check their pairs, make HTML.
+
+    python -m parlab.book build [chapters/03_*.py ...]   .py -> executed .ipynb -> .py again
+    python -m parlab.book check                          fail if a notebook and its .py differ
+    python -m parlab.book html [--out build/html]        the executed chapters as an HTML book
+
+Why: the reviewed source of a chapter is its jupytext ``.py``; readers and nbval use the
+``.ipynb`` with stored outputs. ``build`` keeps the two in step and re-executes so stored
+outputs always come from the current code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["chapters", "paired_text", "unpaired", "build", "to_html", "main"]
+
+PAIR_FORMAT = "py:percent"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def chapters(root: Path | None = None) -> list[Path]:
+    """The chapter notebooks, in order."""
+    return sorted((root or repo_root()).joinpath("chapters").glob("[0-9][0-9]_*.ipynb"))
+
+
+def paired_text(notebook: Path) -> str:
+    """The jupytext percent text that the notebook's ``.py`` pair must hold."""
+    import jupytext
+    return jupytext.writes(jupytext.read(notebook), fmt=PAIR_FORMAT)
+
+
+def unpaired(root: Path | None = None) -> list[str]:
+    """Notebooks whose ``.py`` pair is missing or differs, and ``.py`` files with no notebook."""
+    problems = []
+    folder = (root or repo_root()) / "chapters"
+    for notebook in chapters(root):
+        pair = notebook.with_suffix(".py")
+        if not pair.exists():
+            problems.append(f"{notebook.name}: no {pair.name}")
+        elif _comparable(pair.read_text()) != _comparable(paired_text(notebook)):
+            problems.append(f"{notebook.name} and {pair.name} differ (run python -m parlab.book build)")
+    for pair in sorted(folder.glob("[0-9][0-9]_*.py")):
+        if not pair.with_suffix(".ipynb").exists():
+            problems.append(f"{pair.name}: no notebook (run python -m parlab.book build {pair})")
+    return problems
+
+
+def _comparable(text: str) -> str:
+    """The pair's text without the jupytext version line (it changes when jupytext updates)."""
+    return re.sub(r"(?m)^#\s+jupytext_version: .*\n", "", text)
+
+
+def build(sources: list[Path], timeout: int = 900) -> None:
+    """Execute each chapter from its ``.py`` and write the ``.ipynb`` with outputs, then re-pair."""
+    import jupytext
+    import nbformat
+    from nbclient import NotebookClient
+
+    for source in sources:
+        source = Path(source).with_suffix(".py")
+        notebook = jupytext.read(source)
+        notebook.metadata.setdefault("kernelspec", {
+            "display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"})
+        started = time.monotonic()
+        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(source.parent)}})
+        client.execute()
+        target = source.with_suffix(".ipynb")
+        nbformat.write(notebook, target)
+        source.write_text(paired_text(target))
+        print(f"built {target.name} in {time.monotonic() - started:.1f} s")
+
+
+def to_html(out: Path) -> Path:
+    """Convert every executed chapter to HTML (figures inline) and write an index page."""
+    from nbconvert import HTMLExporter
+
+    out.mkdir(parents=True, exist_ok=True)
+    exporter = HTMLExporter()
+    links = []
+    for notebook in chapters():
+        body, _ = exporter.from_filename(str(notebook))
+        page = out / notebook.with_suffix(".html").name
+        page.write_text(body)
+        links.append(f'<li><a href="{page.name}">{html.escape(_title(notebook))}</a></li>')
+    index = out / "index.html"
+    index.write_text(
+        "<!doctype html><meta charset='utf-8'><title>parlab</title>"
+        "<h1>parlab: Parallelism Strategies in Deep Learning, executed</h1><ol>"
+        + "".join(links) + "</ol>")
+    return index
+
+
+def _title(notebook: Path) -> str:
+    import nbformat
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return notebook.stem
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parlab.book", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="execute chapters from their .py and re-pair them")
+    b.add_argument("sources", nargs="*", type=Path)
+    sub.add_parser("check", help="fail when a notebook and its .py pair differ")
+    h = sub.add_parser("html", help="build the HTML edition")
+    h.add_argument("--out", type=Path, default=repo_root() / "build" / "html")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.sources or sorted(repo_root().joinpath("chapters").glob("[0-9][0-9]_*.py")))
+    elif args.command == "check":
+        problems = unpaired()
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    else:
+        print(f"wrote {to_html(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""The book's plumbing: notebook pairs, exercise checkers and the figure registry."""
+import pytest
+
+from parlab import book, figures
+from parlab.exercises import Verdict, check, list_exercises
+
+
+def test_every_notebook_has_an_identical_py_pair():
+    assert book.chapters(), "no chapter notebooks found"
+    assert book.unpaired() == []
+
+
+def test_a_changed_pair_is_detected(tmp_path):
+    (tmp_path / "chapters").mkdir()
+    source = book.repo_root() / "chapters" / "00_getting_started.ipynb"
+    (tmp_path / "chapters" / source.name).write_bytes(source.read_bytes())
+    (tmp_path / "chapters" / "00_getting_started.py").write_text("# %%\nprint('edited')\n")
+    (tmp_path / "chapters" / "99_orphan.py").write_text("# %%\n")
+    problems = book.unpaired(tmp_path)
+    assert any("differ" in p for p in problems) and any("no notebook" in p for p in problems)
+
+
+def test_every_exercise_waits_for_an_answer_and_rejects_a_wrong_one():
+    exercises = list_exercises()
+    assert {"00.1", "00.2"} <= set(exercises)
+    for exercise_id in exercises:
+        assert check(exercise_id, ...).ok is None
+        verdict = check(exercise_id, "certainly not the answer")
+        assert isinstance(verdict, Verdict) and verdict.ok is False
+
+
+def test_exercise_00_checkers_accept_right_answers_without_printing_them():
+    import torch
+    import torch.distributed as dist
+
+    assert check("00.1", 10).ok is True
+    wrong = check("00.1", 4)
+    assert wrong.ok is False and "10" not in wrong.message
+
+    def sum_of_squares():
+        t = torch.tensor([float(dist.get_rank() ** 2)])
+        dist.all_reduce(t)
+        return t.item()
+
+    assert check("00.2", sum_of_squares).ok is True
+    assert check("00.2", lambda: dist.get_rank()).ok is False
+
+
+def test_unknown_exercise_is_a_clear_error():
+    with pytest.raises(ValueError, match="no exercise"):
+        check("99.9", 1)
+
+
+def test_every_registered_figure_is_written(tmp_path):
+    names = list(figures.registry())
+    assert "fig-00-all-reduce" in names
+    written = figures.render(names, tmp_path, progress=False)
+    assert [p.name for p in written] == [f"{n}.png" for n in names]
+    assert all(p.stat().st_size > 5000 for p in written)
+
+
+def test_figures_command_lists_and_filters(capsys, tmp_path):
+    assert figures.main(["--list"]) == 0
+    assert "fig-00-all-reduce" in capsys.readouterr().out
+    assert figures.main(["no-such-figure-*", "--out", str(tmp_path)]) == 2

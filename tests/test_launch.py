@@ -1,0 +1,212 @@
+"""The rank launcher: results in rank order, failures surface fast, nothing outlives a call."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import read_pids, wait_gone
+from parlab import launch
+from parlab.launch import RankError, RankTimeoutError, run
+
+
+def _rank_and_sum(offset):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return dist.get_rank() + offset, dist.get_world_size(), t.item()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_results_in_rank_order(world_size):
+    results = run(_rank_and_sum, world_size, 100)
+    total = world_size * (world_size + 1) / 2
+    assert results == [(100 + r, world_size, total) for r in range(world_size)]
+
+
+def test_keyword_arguments_and_prints_in_rank_order(capsys):
+    def talk(word, repeat=1):
+        print(f"{word} x{repeat} from {dist.get_rank()}")
+        return word * repeat
+    assert run(talk, 3, "ab", repeat=2) == ["abab"] * 3
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"[rank {r}] ab x2 from {r}" for r in range(3)]
+
+
+def _record_pid(directory):
+    with open(os.path.join(directory, f"pid.{dist.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def _raise_on_rank_2(directory):
+    _record_pid(directory)
+    if dist.get_rank() == 2:
+        raise ValueError("rank two is unhappy")
+    dist.all_reduce(torch.ones(1))
+
+
+def test_raising_rank_is_named_fast_and_leaves_nothing(pid_dir):
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        run(_raise_on_rank_2, 4, pid_dir, timeout=30)
+    assert time.monotonic() - start < 5
+    err = info.value
+    assert err.rank == 2 and err.exc_type == "ValueError"
+    assert "rank two is unhappy" in str(err) and "_raise_on_rank_2" in err.rank_traceback
+    assert len(read_pids(pid_dir)) == 4
+    assert wait_gone(read_pids(pid_dir)) == []
+
+
+def _hang_on_rank_1(directory):
+    _record_pid(directory)
+    if dist.get_rank() != 1:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins: everyone else waits
+
+
+def test_hanging_rank_fails_at_timeout_and_leaves_nothing(pid_dir):
+    start = time.monotonic()
+    with pytest.raises(RankTimeoutError) as info:
+        run(_hang_on_rank_1, 3, pid_dir, timeout=2)
+    elapsed = time.monotonic() - start
+    assert 2 <= elapsed < 8
+    assert "did not finish within 2 s" in str(info.value)
+    assert "[1] had returned from fn" in str(info.value)
+    assert wait_gone(read_pids(pid_dir)) == []
+
+
+def _die_on_rank_1(directory):
+    _record_pid(directory)
+    if dist.get_rank() == 1:
+        print("about to vanish")
+        sys.stdout.flush()
+        os._exit(3)
+    dist.barrier()
+
+
+def test_rank_that_dies_is_named(pid_dir):
+    with pytest.raises(RankError) as info:
+        run(_die_on_rank_1, 3, pid_dir, timeout=30)
+    assert info.value.rank == 1
+    assert "exited with code 3" in str(info.value) and "about to vanish" in str(info.value)
+    assert wait_gone(read_pids(pid_dir)) == []
+
+
+def test_result_that_cannot_be_sent_back_is_an_error():
+    import threading
+    with pytest.raises(RankError, match="lock"):
+        run(lambda: threading.Lock(), 2)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(world_size=0), "at least 1"),
+    (dict(world_size=-3), "at least 1"),
+    (dict(world_size=launch.MAX_WORLD_SIZE + 1), "1 to 64"),
+    (dict(world_size=2.0), "must be an int"),
+    (dict(world_size=2, fn="not callable"), "must be a callable"),
+    (dict(world_size=2, backend="carrier-pigeon"), "usable backends"),
+    (dict(world_size=2, timeout=0), "positive number of seconds"),
+])
+def test_bad_arguments_say_what_is_valid(bad, match):
+    fn = bad.pop("fn", _rank_and_sum)
+    with pytest.raises(ValueError, match=match):
+        run(fn, bad.pop("world_size"), 0, **bad)
+
+
+def test_nccl_without_enough_gpus_is_a_clear_error():
+    # 64 ranks is more GPUs than any machine here has; without NCCL the message says so instead
+    match = "one GPU per rank" if launch._backend_usable("nccl") else "not usable here"
+    with pytest.raises(ValueError, match=match):
+        run(_rank_and_sum, 64, 0, backend="nccl")
+
+
+def test_twenty_launches_in_a_row():
+    for i in range(20):
+        assert [r[0] for r in run(_rank_and_sum, 4, i)] == [i, i + 1, i + 2, i + 3]
+
+
+def test_last_run_records_outputs():
+    run(lambda: print("hi"), 2)
+    record = launch.last_run()
+    assert record.world_size == 2 and record.backend in ("gloo", "nccl")
+    assert record.outputs == ["hi\n", "hi\n"]
+
+
+def _script(body):
+    return textwrap.dedent(body)
+
+
+def test_function_defined_in_main_script(tmp_path):
+    script = tmp_path / "demo.py"
+    script.write_text(_script("""
+        import torch, torch.distributed as dist
+        from parlab.launch import run
+        SCALE = 3
+        def local_square(x):
+            return (x + dist.get_rank()) ** 2 * SCALE
+        if __name__ == "__main__":
+            print(run(local_square, 4, 1))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[3, 12, 27, 48]"
+
+
+def test_interrupt_stops_every_rank(tmp_path):
+    script = tmp_path / "interrupt.py"
+    script.write_text(_script(f"""
+        import os, signal, threading, time
+        import torch.distributed as dist
+        from parlab.launch import run
+        def sleeper(directory):
+            with open(os.path.join(directory, f"pid.{{dist.get_rank()}}"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(60)
+        if __name__ == "__main__":
+            run(lambda: 0, 1)  # warm the forkserver so the ranks start at once
+            threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            try:
+                run(sleeper, 3, {str(tmp_path)!r}, timeout=60)
+            except KeyboardInterrupt:
+                print("interrupted")
+    """))
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "interrupted" in out.stdout and time.monotonic() - start < 30
+    pids = read_pids(str(tmp_path))
+    assert len(pids) == 3 and wait_gone(pids) == []
+
+
+def test_under_torchrun_joins_the_existing_job(tmp_path):
+    """Simulate torchrun's environment for a one-process job and check the call joins it."""
+    script = tmp_path / "under_torchrun.py"
+    script.write_text(_script("""
+        import torch, torch.distributed as dist
+        from parlab.launch import run
+        def where():
+            return dist.get_rank(), dist.get_world_size(), dist.get_backend()
+        if __name__ == "__main__":
+            print(run(where, 1, backend="gloo"))
+    """))
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[(0, 1, 'gloo')]"
+
+
+def test_run_inside_a_rank_is_refused():
+    def nested():
+        return run(_rank_and_sum, 2, 0)
+    with pytest.raises(RankError, match="inside a rank"):
+        run(nested, 1)
+
+
+def test_rank_device_and_environment():
+    assert run(lambda: str(launch.rank_device()), 2, backend="gloo") == ["cpu", "cpu"]
+    env = launch.environment()
+    assert "gloo" in env["backends"] and env["torch"] == torch.__version__
