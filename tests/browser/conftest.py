@@ -1,0 +1,97 @@
+"""A real JupyterLab in a real (headless) Chromium, for the reader's-eye tests.
+
+The server runs on a free loopback port with a random token, over a temporary copy of the
+chapters (so autosave never touches the committed notebooks), and is stopped after the
+tests. Skipped, with the reason, where Chromium or Playwright is missing; .ci/run
+installs both.
+"""
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("PARLAB_CHROMIUM", "/usr/bin/chromium")
+
+
+def _missing() -> str:
+    if not Path(CHROMIUM).exists():
+        return f"Chromium not found at {CHROMIUM} (apt-get install chromium; .ci/run does)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Python playwright not installed (pip install -r requirements.txt)"
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """Start JupyterLab over a copy of chapters/; yield (base_url, token, root_dir)."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("lab")
+    for notebook in sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        shutil.copy(notebook, root / notebook.name)
+    settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (settings / "sessionDialogs.jupyterlab-settings").write_text(
+        json.dumps({"autoStartDefault": True}))  # never ask which kernel to start
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(root / "jupyterlab.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={root / '.settings'}",
+         f"--LabApp.workspaces_dir={root / '.workspaces'}"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    raise RuntimeError("JupyterLab did not start:\n"
+                                       + (root / "jupyterlab.log").read_text()[-3000:])
+                time.sleep(0.3)
+        yield base, token, root
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def browser(lab):
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"])
+        yield chromium
+        chromium.close()

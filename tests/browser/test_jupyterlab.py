@@ -1,0 +1,110 @@
+"""Open every chapter in JupyterLab, run all cells, look for errors, move a widget.
+
+What a reader does, done by a browser: unit tests and nbval cannot see a slider that does
+not move or a figure that does not render. Modelled on Galata, JupyterLab's own UI tests.
+"""
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+
+CHAPTERS = sorted(p.name for p in (REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
+#: Per chapter, what the text of a moved widget's output must show (a regular expression).
+WIDGET_TEXT = {
+    "03_pipeline_parallelism.ipynb": r"\d+(\.\d+)? ?% ",  # the active-GPU percentage
+}
+
+IDLE = """() => {
+  const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
+  const prompts = [...document.querySelectorAll('.jp-InputArea-prompt')].map(e => e.textContent);
+  return indicator && indicator.dataset.status === 'idle' && !prompts.some(t => t.includes('*'));
+}"""
+
+
+def _open(page, lab, name):
+    base, token, _ = lab
+    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+
+
+def _menu(page, menu, command):
+    page.click(f".lm-MenuBar-itemLabel:text-is('{menu}')")
+    page.click(f".lm-Menu-item[data-command='{command}']")
+
+
+def _run_all(page):
+    """Clear every stored output, then run all cells and wait until the kernel is idle."""
+    _menu(page, "Edit", "editmenu:clear-all")
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-item[data-command='runmenu:run-all']")
+    time.sleep(1.0)
+    page.wait_for_function(IDLE, timeout=600_000, polling=500)
+
+
+def _save_and_read(page, lab, name):
+    page.keyboard.press("Control+s")
+    path = Path(lab[2]) / name
+    deadline = time.monotonic() + 30
+    while True:
+        notebook = json.loads(path.read_text())
+        code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+        if all(c.get("execution_count") for c in code) or time.monotonic() > deadline:
+            unrun = [i for i, c in enumerate(code) if not c.get("execution_count")]
+            assert unrun == [], f"{name}: code cells {unrun} did not run in JupyterLab"
+            return notebook
+        time.sleep(0.5)
+
+
+def _explorer_outputs(page):
+    return page.eval_on_selector_all(
+        ".widget-vbox .jupyter-widgets-output-area",
+        "els => els.map(e => e.innerText + '|' + e.querySelectorAll('img').length)")
+
+
+def _nudge_first_slider(page):
+    """Move the first slider of each explorer one step right; return how many moved."""
+    handles = page.query_selector_all(".widget-vbox .widget-slider .noUi-handle")
+    for handle in handles[:1]:
+        handle.scroll_into_view_if_needed()
+        handle.click()
+        page.keyboard.press("ArrowRight")
+    return len(handles[:1])
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_runs_in_jupyterlab(lab, browser, name):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _open(page, lab, name)
+        _run_all(page)
+        notebook = _save_and_read(page, lab, name)
+        errors = [o for c in notebook["cells"] for o in c.get("outputs", [])
+                  if o.get("output_type") == "error"]
+        assert errors == [], f"{name}: cell errors {[(e['ename'], e['evalue']) for e in errors]}"
+        assert page.query_selector_all(".jp-RenderedImage img"), f"{name}: no figure rendered"
+        widgets = page.query_selector_all(".widget-vbox .widget-slider")
+        if widgets:
+            before = _explorer_outputs(page)
+            assert _nudge_first_slider(page) == 1
+            page.wait_for_function(
+                "before => { const now = [...document.querySelectorAll("
+                "'.widget-vbox .jupyter-widgets-output-area')].map(e => e.innerText + '|' + "
+                "e.querySelectorAll('img').length); return JSON.stringify(now) !== "
+                "JSON.stringify(before); }", arg=before, timeout=60_000)
+            after = _explorer_outputs(page)
+            assert after != before
+            if name in WIDGET_TEXT:
+                assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
+            page.query_selector_all(".widget-vbox .widget-slider")[0].scroll_into_view_if_needed()
+        else:
+            page.query_selector_all(".jp-RenderedImage img")[0].scroll_into_view_if_needed()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", ".png")))
+    finally:
+        page.close()
