@@ -81,22 +81,33 @@ def build(sources: list[Path], timeout: int = 900) -> None:
 
 
 def to_html(out: Path) -> Path:
-    """Convert every executed chapter to HTML (figures inline) and write an index page."""
+    """Convert every executed chapter to HTML (figures inline, widgets' static renders in
+    place), link the pages with previous / contents / next bars, and write an index page."""
     from nbconvert import HTMLExporter
 
     out.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter()
-    links = []
-    for notebook in chapters():
+    notebooks = chapters()
+    pages = [out / nb.with_suffix(".html").name for nb in notebooks]
+    titles = [_title(nb) for nb in notebooks]
+    for i, notebook in enumerate(notebooks):
         body, _ = exporter.from_filename(str(notebook))
-        page = out / notebook.with_suffix(".html").name
-        page.write_text(body)
-        links.append(f'<li><a href="{page.name}">{html.escape(_title(notebook))}</a></li>')
+        links = ['<a href="index.html">contents</a>']
+        if i > 0:
+            links.insert(0, f'<a href="{pages[i - 1].name}">&larr; {html.escape(titles[i - 1])}</a>')
+        if i + 1 < len(notebooks):
+            links.append(f'<a href="{pages[i + 1].name}">{html.escape(titles[i + 1])} &rarr;</a>')
+        nav = ('<nav style="font-family:sans-serif;padding:8px 16px;border-bottom:1px solid #ccc">'
+               + " &middot; ".join(links) + "</nav>")
+        pages[i].write_text(re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1))
+    items = "".join(f'<li><a href="{p.name}">{html.escape(t)}</a></li>' for p, t in zip(pages, titles))
     index = out / "index.html"
     index.write_text(
         "<!doctype html><meta charset='utf-8'><title>parlab</title>"
-        "<h1>parlab: Parallelism Strategies in Deep Learning, executed</h1><ol>"
-        + "".join(links) + "</ol>")
+        "<body style='font-family:sans-serif;max-width:50em;margin:2em auto'>"
+        "<h1>parlab: Parallelism Strategies in Deep Learning, executed</h1>"
+        "<p>The chapters with their stored outputs. Run them yourself in JupyterLab to move the "
+        f"widgets (see README).</p><ol>{items}</ol></body>")
     return index
 
 
