@@ -199,6 +199,28 @@ def test_under_torchrun_joins_the_existing_job(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "[(0, 1, 'gloo')]"
 
 
+def test_under_real_torchrun_two_processes(tmp_path):
+    """torchrun starts 2 processes; the same run() call joins that job on each of them."""
+    script = tmp_path / "example.py"
+    script.write_text(_script("""
+        import torch, torch.distributed as dist
+        from parlab.launch import run
+        def total():
+            t = torch.tensor([float(dist.get_rank() + 1)])
+            dist.all_reduce(t)
+            return dist.get_rank(), t.item()
+        if __name__ == "__main__":
+            print("RESULT", run(total, 2), flush=True)
+    """))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", str(script)]
+    out = subprocess.run(torchrun, capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [line for line in out.stdout.splitlines() if line.startswith("RESULT")]
+    assert results == ["RESULT [(0, 3.0), (1, 3.0)]"] * 2
+
+
 def test_run_inside_a_rank_is_refused():
     def nested():
         return run(_rank_and_sum, 2, 0)
