@@ -1,0 +1,59 @@
+"""The CNN measurements behind the slides' advice (data parallel convs, tensor parallel FCs)."""
+import pytest
+import torch
+
+from parlab.cnn import SmallCNN, communication_per_layer, profile, share_by_kind
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return profile(SmallCNN(), (3, 32, 32), batch=8)
+
+
+def test_convolutions_do_the_work_fully_connected_layers_hold_the_weights(profiles):
+    shares = share_by_kind(profiles)
+    assert 0.90 <= shares["conv"]["flops"] <= 0.96
+    assert shares["conv"]["params"] <= 0.07
+    assert shares["fc"]["params"] >= 0.93 and shares["fc"]["flops"] <= 0.10
+
+
+def test_profile_counts_match_the_model(profiles):
+    model = SmallCNN()
+    assert sum(p.params for p in profiles) == sum(p.numel() for p in model.parameters())
+    conv2 = next(p for p in profiles if p.name == "conv2")
+    # a 3x3 conv: 2 FLOPs per multiply-add, forward + input grad + weight grad = 3 matmuls
+    macs = 32 * 32 * 64 * 64 * 9 * 8
+    assert conv2.flops == 3 * 2 * macs
+    assert (conv2.input_elems, conv2.output_elems) == (64 * 32 * 32, 64 * 32 * 32)
+
+
+def test_cheapest_strategy_per_layer_kind(profiles):
+    rows = communication_per_layer(profiles, batch=8)
+
+    def total(kind, key):
+        return sum(r[key] for r in rows if r["kind"] == kind)
+
+    tp = ("tp_partition_output", "tp_reduce_output")
+    # summed over each kind, the slides' advice holds: replicate convs, shard the FC layers
+    assert total("conv", "data_parallel") < min(total("conv", k) for k in tp)
+    assert min(total("fc", k) for k in tp) < total("fc", "data_parallel")
+    # the early, wide-image convolutions are data parallel's by a large margin
+    assert [r["cheapest"] for r in rows[:4]] == ["data_parallel"] * 4
+    fc1 = next(r for r in rows if r["layer"] == "fc1")
+    assert fc1["data_parallel"] == (4096 * 2048 + 2048) * 4
+    assert fc1["tp_partition_output"] == 8 * 2048 * 4
+
+
+def test_data_parallel_bytes_do_not_depend_on_the_batch(profiles):
+    small = communication_per_layer(profiles, batch=1)
+    large = communication_per_layer(profiles, batch=64)
+    assert [r["data_parallel"] for r in small] == [r["data_parallel"] for r in large]
+    assert all(b["tp_partition_output"] == 64 * s["tp_partition_output"]
+               for s, b in zip(small, large))
+
+
+def test_bad_batch_is_a_clear_error():
+    with pytest.raises(ValueError, match="positive number"):
+        profile(SmallCNN(), (3, 32, 32), batch=0)
+    with pytest.raises(ValueError, match="no Conv2d or Linear"):
+        profile(torch.nn.ReLU(), (3,), batch=1)
