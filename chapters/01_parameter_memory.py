@@ -1,0 +1,313 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · What a GPU holds to train, and what a run costs
+#
+# The chapter opens with **Figure 8-1**, a list of what a GPU has to keep in memory while
+# it trains a network, and then prices a two-month run on 50,000 GPUs. Both claims lead to
+# the same place: one GPU is not enough, and losing a run's progress is expensive. This
+# notebook puts numbers on both, computed rather than quoted.
+#
+# In this notebook you will:
+#
+# 1. train a small network for one step and list every tensor it keeps, named as in
+#    Figure 8-1 (weights, weighted sums, activations, errors, local and remote gradients,
+#    learning rate, weight adjustments), with its shape and bytes;
+# 2. count GPT-3's 175 billion parameters from its configuration;
+# 3. use a training-memory calculator (parameters, gradients, optimizer state, activations)
+#    that is checked against a real training step, and see how many GPUs a model needs;
+# 4. recompute the book's electricity bill, and see what a failure costs with and without
+#    checkpoints;
+# 5. solve four exercises.
+#
+# Book figures: 8-1 and the power consumption example. Everything runs on a CPU in a few
+# seconds.
+
+# %% [markdown]
+# ## 1. Figure 8-1 from a real training step
+#
+# `BookMLP` is a small fully connected network whose training step is written out by hand
+# (the unit tests check it against PyTorch's autograd), so that nothing is hidden. For
+# each layer it keeps:
+#
+# * the **weights W** and biases b;
+# * the **weighted sums z** = (previous activations) × Wᵀ + b, and the **activations y** = f(z);
+# * the **errors E** = ∂Loss/∂z, which travel backwards through the network;
+# * the **local gradients** ∂Loss/∂W, computed from E and the previous layer's y;
+# * the **remote gradients**: what peer GPUs computed for the same weights (data
+#   parallelism, chapter 02);
+# * the **learning rate** and the **weight adjustments Δw** = −lr × gradient.
+#
+# First, one GPU alone: a network with 4 inputs, two hidden layers of 5 neurons and 2
+# outputs, trained on a batch of 8 samples.
+
+# %%
+from parlab import memory
+from parlab.layers import BookMLP, book_table, held_bytes
+from parlab.plots import show
+from parlab.plots.memory import figure_8_1, figure_8_1_step
+
+alone = figure_8_1_step(sizes=(4, 5, 5, 2), batch=8, with_peer=False)
+print(book_table(alone))
+
+# %% [markdown]
+# The remote gradients are absent: there is no peer. The output layer is linear, so its
+# activations *are* its weighted sums. They share one block of memory, and the table counts
+# it once.
+#
+# The table's total is built from the book's list. The count below is independent: it walks
+# every tensor the Python object holds, whatever its name. The two agree, so the list is
+# complete.
+
+# %%
+rows = alone.memory_rows()
+print("sum of the table:      ", sum(r.nbytes for r in rows), "bytes")
+print("what the object holds: ", held_bytes(alone), "bytes")
+
+# %% [markdown]
+# Now the same step as GPU A1 of a pair of data-parallel replicas. A2 computes its local
+# gradients on the other half of the batch; A1 receives them as its *remote* gradients,
+# averages them with its own and updates. Figure 8-1 is the picture of this GPU: every item
+# of the book's list is now present.
+
+# %%
+a1 = figure_8_1_step(sizes=(4, 5, 5, 2), batch=8, with_peer=True)
+print("remote gradient of layer 1 (dW):", tuple(a1.layers[0].remote_grad_W.shape))
+print("total held by A1:", held_bytes(a1), "bytes =", sum(r.nbytes for r in a1.memory_rows()))
+show(figure_8_1(a1))
+
+# %% [markdown]
+# PyTorch's autograd keeps less than this list. It throws z away where y is enough (ReLU's
+# derivative can be read from its output), it never stores E or Δw (they are temporary
+# while the backward pass runs), and its gradients replace the separate local and remote
+# copies. Here is the same network trained by autograd with plain SGD, measured:
+
+# %%
+print(memory.measure(BookMLP((4, 5, 5, 2)), (8,), optimizer="sgd").table())
+
+# %% [markdown]
+# ## 2. GPT-3 175B, counted from its configuration
+#
+# The chapter gives about 605 million parameters per self-attention layer, 1.2 billion per
+# feed-forward layer, about 173 billion for the 96 blocks and about 175 billion in all.
+# `count_parameters` derives these from six numbers: d_model, layers, heads, d_ff, vocabulary
+# and context.
+#
+# * attention: W_Q, W_K, W_V and the output projection, each d × d plus a bias: 4d² + 4d;
+# * feed-forward: d × d_ff and d_ff × d plus biases: 2·d·d_ff + d_ff + d (8d² + 5d for
+#   d_ff = 4d);
+# * two LayerNorms per block (4d), token and position embeddings, a final LayerNorm; the
+#   output layer shares the token embedding matrix (tied), as in GPT-2 and GPT-3.
+
+# %%
+from parlab.models import GPT3_175B, TINY, build_model, count_parameters
+
+print(GPT3_175B)
+counts = count_parameters(GPT3_175B)
+for part in ("attention", "feed_forward", "layer_norms", "block", "blocks", "token_embedding",
+             "position_embedding", "final_norm", "total"):
+    print(f"{part:<20}{counts[part]:>18,}")
+
+# %% [markdown]
+# The book's 605 M is 604 M rounded up, and its "about 173 billion" for 96 blocks comes
+# out nearer 174 billion; the total lands at 174.6 billion, "about 175 billion".
+#
+# The same formula describes a real PyTorch model. `build_model` makes a GPT-style decoder
+# from any configuration, and for a tiny one the formula and the module agree to the last
+# parameter:
+
+# %%
+tiny = build_model(TINY)
+print(TINY)
+print("formula:", count_parameters(TINY)["total"], " module:",
+      sum(p.numel() for p in tiny.parameters()))
+
+# %% [markdown]
+# ## 3. The training-memory calculator
+#
+# Besides the weights, training keeps their **gradients**, the optimizer's **state** (none
+# for SGD, one buffer for momentum, two for Adam), in mixed precision an **fp32 master copy**
+# of the weights, and the **activations** that the backward pass will need. Per parameter:
+#
+# | precision, optimizer | weights | gradients | master | optimizer | bytes |
+# | --- | --- | --- | --- | --- | --- |
+# | fp32, SGD | 4 | 4 | – | 0 | 8 |
+# | fp32, Adam | 4 | 4 | – | 8 | 16 |
+# | bf16/fp16 mixed, Adam | 2 | 2 | 4 | 8 | 16 |
+#
+# Activations grow with the batch and the sequence length (and with its square inside
+# attention). `memory.estimate` adds all of it up for one GPU:
+
+# %%
+from parlab.models import GPT2_SMALL
+
+print(memory.estimate(GPT2_SMALL, (8, 1024), optimizer="adam", precision="fp32").table())
+
+# %% [markdown]
+# ### Predicted, then measured
+#
+# A calculator is only worth something if it is right. `memory.measure` takes the same
+# arguments, runs real training steps and counts what the second step kept: the storages
+# of the weights, gradients and optimizer state, and every tensor autograd saved for the
+# backward pass (seen through `torch.autograd.graph.saved_tensors_hooks`). On a GPU it also
+# reads `torch.cuda.max_memory_allocated`.
+
+# %%
+small = TINY.replace(name="small", d_model=64, n_layers=3, n_heads=4, d_ff=256, vocab=256,
+                     context=64)
+print(f"{'model':<28}{'optimizer':<10}{'precision':<10}{'predicted':>11}{'measured':>11}"
+      f"{'error':>9}")
+for model, shape in ((BookMLP((64, 256, 256, 10)), (32,)), (small, (4, 64))):
+    for optimizer, precision in (("sgd", "fp32"), ("adam", "fp32"), ("adam", "bf16")):
+        p = memory.estimate(model, shape, optimizer, precision)
+        m = memory.measure(model, shape, optimizer, precision)
+        name = getattr(model, "name", "BookMLP (64, 256, 256, 10)")
+        print(f"{name:<28}{optimizer:<10}{precision:<10}{p.total:>11,}{m.total:>11,}"
+              f"{100 * (m.total - p.total) / m.total:>8.3f}%")
+
+# %% [markdown]
+# The estimate is short by a few bytes with Adam: PyTorch also keeps a 4-byte step counter
+# per weight tensor, which the formula leaves out. Everything else matches, because the
+# activation formula lists what autograd saves, operation by operation (see the docstring
+# of `parlab.memory`). On a GPU the peak is higher: temporary buffers live for a moment
+# inside each operation, and `measure` reports them as `other`.
+#
+# ### Against a GPU's 80 GB
+#
+# The bars below use the same calculator for the GPT-2 and smaller GPT-3 sizes in fp32
+# with Adam, all on one GPU, for a batch of 8 sequences of 1024 tokens. At this batch size
+# one 80 GB GPU stops being enough somewhere between GPT-2 large and GPT-2 XL, and the
+# activations are the largest part.
+
+# %%
+from parlab.plots.memory import model_sizes_figure
+
+show(model_sizes_figure())
+
+# %% [markdown]
+# For GPT-3 175B, `memory.min_gpus` searches the (data × tensor × pipeline) splits for the
+# fewest GPUs whose busiest GPU still fits. The ideal number is the total divided by
+# 80 GB, which no real split reaches. Tensor parallelism splits each layer's matrices
+# (chapter 04), pipeline parallelism gives each GPU a range of layers (chapter 03).
+
+# %%
+plan = memory.min_gpus(GPT3_175B, (8, 2048), optimizer="adam", precision="bf16")
+print(plan)
+print(plan.breakdown.table())
+
+# %% [markdown]
+# ### Try it
+#
+# Pick a model, precision, optimizer, batch, sequence length, GPU size and split. The static
+# figure shows the default setting; with a live kernel, the controls below it redraw.
+
+# %%
+from parlab.widgets.memory import energy_explorer, memory_explorer
+
+memory_explorer(model="GPT-3 175B", precision="bf16", optimizer="adam", batch=8, seq=2048,
+                tp=8, pp=16)
+
+# %% [markdown]
+# ## 4. The power bill, and the price of a lost packet
+#
+# The book's example: 50,000 GPUs at 350 W for 60 days, at $0.10 per kWh.
+
+# %%
+from parlab.energy import expected_waste, failure_cost, training_cost, young_interval
+
+run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
+print(run)
+print(f"power {run.power_mw} MW, energy {run.energy_mwh:,.0f} MWh, cost ${run.cost_usd:,.0f}")
+
+# %% [markdown]
+# The chapter's point is that one lost packet during gradient synchronization can stall the
+# job, and without a snapshot the run starts over. A failure on the last day without a
+# checkpoint throws the whole bill away. With a checkpoint every 2 hours, at most 2 hours
+# are lost.
+
+# %%
+print(f"fail at hour 1,439, no checkpoint:      ${failure_cost(run, 1439):>12,.0f}")
+print(f"fail at hour 1,439, checkpoint every 2 h: ${failure_cost(run, 1439, 2):>10,.0f}")
+
+# %% [markdown]
+# A job spread over 50,000 GPUs rarely fails only once: it stops whenever any one of its
+# GPUs, links or hosts fails, so it fails tens of thousands of times more often than one GPU. `expected_waste` treats failures as random arrivals with a mean time
+# between failures (MTBF) for the whole job, and counts the repeated work, restarts and time
+# spent writing checkpoints. Checkpoint too often and the writes cost time; too rarely and
+# each failure throws more work away. Young's rule, √(2 × write time × MTBF), finds the
+# balance. Here the MTBF is 8 hours and a checkpoint takes 10 minutes to write:
+
+# %%
+best = young_interval(mtbf_hours=8, checkpoint_minutes=10)
+for interval in (None, 8, 4, round(best, 2), 0.5):
+    w = expected_waste(run, mtbf_hours=8, interval_hours=interval, checkpoint_minutes=10)
+    label = "never" if interval is None else f"every {interval} h"
+    cost = "the run never finishes" if w.wasted_usd > 1e12 else f"${w.wasted_usd:>12,.0f}"
+    print(f"checkpoint {label:<16} expected waste: {cost}")
+
+# %% [markdown]
+# Change the run and the failure rate:
+
+# %%
+energy_explorer()
+
+# %% [markdown]
+# ## 5. Exercises
+#
+# Replace each `...` with your answer and run the cell. The checker tells you whether you
+# are right and why, without giving the answer away. The package above has everything you
+# need; try the arithmetic by hand first.
+#
+# **Exercise 01.1.** A model has 1.5 billion parameters and is trained with Adam in fp32.
+# How many GB (10⁹ bytes) does Adam's optimizer state take?
+
+# %%
+from parlab.exercises import check
+
+answer_01_1 = ...
+check("01.1", answer_01_1)
+
+# %% [markdown]
+# **Exercise 01.2.** GPT-3 175B is trained in bf16 mixed precision with Adam (bf16 weights
+# and gradients, fp32 master weights and Adam state). Ignoring activations, how many 80 GB
+# GPUs are needed at least, just to hold it? (1 GB = 10⁹ bytes; use the parameter count
+# from section 2.)
+
+# %%
+answer_01_2 = ...
+check("01.2", answer_01_2)
+
+# %% [markdown]
+# **Exercise 01.3.** A run uses 16,384 GPUs at 700 W each for 54 days, with electricity at
+# $0.08 per kWh. What does the electricity cost, in USD?
+
+# %%
+answer_01_3 = ...
+check("01.3", answer_01_3)
+
+# %% [markdown]
+# **Exercise 01.4.** A job fails on average every 4 hours, and writing a checkpoint takes 6
+# minutes. By Young's rule, every how many hours should it write a checkpoint?
+
+# %%
+answer_01_4 = ...
+check("01.4", answer_01_4)
+
+# %% [markdown]
+# ## What's next
+#
+# Chapter 02 runs the step of section 1 on real ranks: the data-parallel replicas A1 and A2
+# of Figure 8-2 exchange their gradients over the network, and we count the bytes they send.

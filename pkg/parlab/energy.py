@@ -1,0 +1,143 @@
+"""Power and electricity cost of a training run, and what losing its progress costs.
+
+Why this module exists: the chapter insists that the network of a training cluster must not
+lose packets, because a stalled synchronization can force a restart, and it prices a run
+(50,000 GPUs at 350 W for 60 days) to show what a restart from the beginning throws away.
+:func:`training_cost` does that arithmetic for any run. :func:`failure_cost` prices one
+failure, and :func:`expected_waste` the failures a long run should expect, with and without
+checkpoints (snapshots of the training state to restart from).
+
+Failure model (Daly 2006, "A higher order estimate of the optimum checkpoint interval"):
+failures arrive at random (a Poisson process) with a mean time between failures ``mtbf``
+for the *whole job*; a job of n GPUs fails n times as often as one GPU. The run needs ``T``
+hours of work. Writing a checkpoint takes ``c`` hours, restarting (reloading, rescheduling)
+``r`` hours. Cut into segments of k hours of work plus one checkpoint, a segment that must be
+repeated until it runs through without a failure takes on average
+``mtbf exp(r / mtbf) (exp((k + c) / mtbf) - 1)`` hours, so the run takes ``T / k`` times that. Without
+checkpoints the whole run is a single segment (k = T, c = 0), and the expected time grows
+exponentially with T / mtbf: a run much longer than the time between failures never ends.
+To first order each failure loses about k / 2 of work plus r, and the best interval is close
+to Young's ``sqrt(2 c mtbf)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["RunCost", "Waste", "training_cost", "failure_cost", "expected_waste",
+           "young_interval"]
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """A run's power draw, energy and electricity bill (``pue`` = facility overhead factor)."""
+
+    gpus: int
+    watts_per_gpu: float
+    hours: float
+    usd_per_kwh: float
+    pue: float
+    power_mw: float
+    energy_mwh: float
+    cost_usd: float
+
+    @property
+    def energy_kwh(self) -> float:
+        return self.energy_mwh * 1000
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.cost_usd / self.hours
+
+    def __str__(self) -> str:
+        return (f"{self.gpus:,} GPUs x {self.watts_per_gpu:g} W = {self.power_mw:,.2f} MW; "
+                f"{self.hours:,.0f} h -> {self.energy_mwh:,.0f} MWh "
+                f"({self.energy_kwh:,.0f} kWh); at ${self.usd_per_kwh:g}/kWh: "
+                f"${self.cost_usd:,.0f}")
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def training_cost(gpus: int, watts_per_gpu: float, days: float, usd_per_kwh: float,
+                  pue: float = 1.0) -> RunCost:
+    """Power (MW), energy (MWh) and cost (USD) of ``gpus`` drawing ``watts_per_gpu`` for ``days``.
+
+    ``pue`` (power usage effectiveness) multiplies the GPUs' draw by the cooling and power
+    losses of the building; the book's example leaves it at 1.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    watts, days, price = (_positive(n, v) for n, v in (("watts_per_gpu", watts_per_gpu),
+                                                       ("days", days), ("usd_per_kwh", usd_per_kwh)))
+    if _positive("pue", pue) < 1:
+        raise ValueError(f"pue is at least 1 (all power reaches the GPUs), got {pue!r}")
+    hours = 24 * days
+    power_mw = gpus * watts * pue / 1e6
+    energy_mwh = power_mw * hours
+    return RunCost(gpus, watts, hours, price, pue, power_mw, energy_mwh,
+                   energy_mwh * 1000 * price)
+
+
+def failure_cost(run: RunCost, at_hours: float, interval_hours: float | None = None,
+                 restart_hours: float = 0.0) -> float:
+    """USD lost when the run fails once, ``at_hours`` into it.
+
+    Without checkpoints (``interval_hours=None``) everything done so far is lost; with a
+    checkpoint every ``interval_hours`` only the work since the last one, plus the restart.
+    """
+    if not 0 <= at_hours <= run.hours:
+        raise ValueError(f"at_hours must be within the run (0 to {run.hours:g} h), got {at_hours!r}")
+    lost = at_hours if interval_hours is None else at_hours % _positive("interval_hours",
+                                                                        interval_hours)
+    return (lost + restart_hours) * run.usd_per_hour
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Expected cost of failures over a whole run, for one checkpoint policy."""
+
+    interval_hours: float | None  # None: no checkpoints, restart from the beginning
+    expected_hours: float         # wall-clock hours the run is expected to take
+    failures: float               # expected number of failures on the way
+    wasted_hours: float           # expected_hours - the hours of useful work
+    wasted_usd: float
+
+    @property
+    def overhead(self) -> float:
+        """Wasted time as a fraction of the useful work."""
+        return self.wasted_hours / (self.expected_hours - self.wasted_hours)
+
+
+def expected_waste(run: RunCost, mtbf_hours: float, interval_hours: float | None = None,
+                   checkpoint_minutes: float = 10.0, restart_minutes: float = 30.0) -> Waste:
+    """Expected wasted hours and dollars of ``run`` with job-level failures every ``mtbf_hours``.
+
+    See the module docstring for the model. ``interval_hours=None`` means no checkpoints.
+    Returns ``math.inf`` hours and dollars when the expectation overflows (hopeless runs).
+    """
+    mtbf = _positive("mtbf_hours", mtbf_hours)
+    c = 0.0 if interval_hours is None else checkpoint_minutes / 60
+    r = restart_minutes / 60
+    if c < 0 or r < 0:
+        raise ValueError("checkpoint_minutes and restart_minutes cannot be negative")
+    k = run.hours if interval_hours is None else min(_positive("interval_hours",
+                                                               interval_hours), run.hours)
+    segments = run.hours / k
+    try:
+        expected = segments * mtbf * math.exp(r / mtbf) * math.expm1((k + c) / mtbf)
+    except OverflowError:
+        expected = math.inf
+    failures = segments * math.expm1((k + c) / mtbf) if math.isfinite(expected) else math.inf
+    wasted = expected - run.hours
+    return Waste(interval_hours, expected, failures, wasted, wasted * run.usd_per_hour)
+
+
+def young_interval(mtbf_hours: float, checkpoint_minutes: float) -> float:
+    """Young's (1974) near-optimal checkpoint interval sqrt(2 c mtbf), in hours."""
+    return math.sqrt(2 * _positive("checkpoint_minutes", checkpoint_minutes) / 60
+                     * _positive("mtbf_hours", mtbf_hours))
