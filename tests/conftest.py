@@ -1,35 +1,8 @@
-"""Shared test helpers: process liveness checks for the launcher's no-leftover guarantee."""
-import os
-import time
-
+"""Shared fixtures."""
 import pytest
-
-
-def wait_gone(pids, seconds=3.0):
-    """Return the pids still alive after waiting up to ``seconds`` for them to vanish."""
-    deadline = time.monotonic() + seconds
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
-        if alive:
-            time.sleep(0.05)
-    return alive
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            state = next(line for line in f if line.startswith("State:"))
-        return "Z" not in state.split()[1]
-    except (FileNotFoundError, StopIteration, ProcessLookupError):
-        return False
 
 
 @pytest.fixture
 def pid_dir(tmp_path):
+    """A folder where ranks record their process ids."""
     return str(tmp_path)
-
-
-def read_pids(directory):
-    return [int(open(os.path.join(directory, f)).read()) for f in os.listdir(directory)
-            if f.startswith("pid.")]

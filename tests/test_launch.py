@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import read_pids, wait_gone
+from procs import read_pids, wait_gone
 from parlab import launch
 from parlab.launch import RankError, RankTimeoutError, run
 

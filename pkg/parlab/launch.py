@@ -15,6 +15,7 @@ NCCL without a code change.
 from __future__ import annotations
 
 import datetime
+import importlib
 import io
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "register_collector",
     "last_run",
+    "preload",
 ]
 
 #: More local ranks than this is not a lesson any more but a stress test of the machine.
@@ -55,6 +57,7 @@ DEFAULT_TIMEOUT = 60.0
 _LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 _collectors: dict[str, Callable[[], Any]] = {}
 _forkserver_ready = False
+_preload = ["parlab", "parlab.launch"]
 
 
 class RankError(RuntimeError):
@@ -186,12 +189,29 @@ def _check_arguments(fn, world_size, backend, timeout, check_local_gpus=True) ->
     return backend
 
 
+def preload(*modules: str) -> bool:
+    """Have the rank-starting forkserver import ``modules`` once, before the first launch.
+
+    Ranks are forked from a server that already imported torch and parlab. A chapter whose
+    ranks use a heavy module (``torch.distributed.tensor``, ``torch.distributed.pipelining``)
+    calls this first, so each launch does not import it again in every rank (seconds per
+    launch on a small machine). Returns False when the server is already running: the
+    modules are then imported by each rank as usual, which is slower but still correct.
+    """
+    for name in modules:
+        importlib.import_module(name)  # a typo fails here, not inside every rank
+    if _forkserver_ready:
+        return False
+    _preload.extend(m for m in modules if m not in _preload)
+    return True
+
+
 def _context():
     """The forkserver context, preloading torch and parlab once per Python process."""
     global _forkserver_ready
     ctx = mp.get_context("forkserver")
     if not _forkserver_ready:
-        ctx.set_forkserver_preload(["parlab", "parlab.launch"])
+        ctx.set_forkserver_preload(list(_preload))
         _forkserver_ready = True
     return ctx
 

@@ -51,8 +51,11 @@ def lab(tmp_path_factory):
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    (settings / "sessionDialogs.jupyterlab-settings").write_text(
-        json.dumps({"autoStartDefault": True}))  # never ask which kernel to start
+    notebook = root / ".settings" / "@jupyterlab" / "notebook-extension"
+    notebook.mkdir(parents=True)
+    # start the notebook's kernel without asking; render every cell, not only those in view
+    (notebook / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"autoStartDefaultKernel": True, "windowingMode": "none"}))
     port, token = _free_port(), secrets.token_hex(16)
     log = open(root / "jupyterlab.log", "w")
     server = subprocess.Popen(

@@ -19,17 +19,28 @@ WIDGET_TEXT = {
     "03_pipeline_parallelism.ipynb": r"\d+(\.\d+)? ?% ",  # the active-GPU percentage
 }
 
-IDLE = """() => {
+CODE_PROMPTS = "[...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]" \
+               ".map(e => e.textContent.trim())"
+#: Every code cell has run: its prompt shows a number, none is queued or running.
+ALL_RAN = f"""() => {{
   const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
-  const prompts = [...document.querySelectorAll('.jp-InputArea-prompt')].map(e => e.textContent);
-  return indicator && indicator.dataset.status === 'idle' && !prompts.some(t => t.includes('*'));
-}"""
+  const prompts = {CODE_PROMPTS};
+  return indicator && indicator.dataset.status === 'idle' && prompts.length > 0
+         && prompts.every(t => /^\\[\\d+\\]:$/.test(t));
+}}"""
 
 
 def _open(page, lab, name):
-    base, token, _ = lab
-    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    """Open the notebook and wait until every cell is rendered and the kernel is idle."""
+    base, token, root = lab
+    cells = len(json.loads((Path(root) / name).read_text())["cells"])
+    workspace = Path(name).stem  # one workspace per chapter: no tab restored from another test
+    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?token={token}")
     page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length === {cells}",
+                           timeout=60_000)
+    if page.query_selector(".jp-Dialog"):  # should the kernel dialog appear anyway: accept
+        page.click(".jp-Dialog .jp-mod-accept")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
 
 
@@ -39,12 +50,13 @@ def _menu(page, menu, command):
 
 
 def _run_all(page):
-    """Clear every stored output, then run all cells and wait until the kernel is idle."""
+    """Clear every stored output (and check it is gone), run all cells, wait until all ran."""
     _menu(page, "Edit", "editmenu:clear-all")
-    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-    page.click(".lm-Menu-item[data-command='runmenu:run-all']")
-    time.sleep(1.0)
-    page.wait_for_function(IDLE, timeout=600_000, polling=500)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.jp-OutputArea-output').length === 0 && "
+        f"{CODE_PROMPTS}.every(t => t === '[ ]:')", timeout=20_000)
+    _menu(page, "Run", "runmenu:run-all")
+    page.wait_for_function(ALL_RAN, timeout=600_000, polling=500)
 
 
 def _save_and_read(page, lab, name):
@@ -63,7 +75,7 @@ def _save_and_read(page, lab, name):
 
 def _explorer_outputs(page):
     return page.eval_on_selector_all(
-        ".widget-vbox .jupyter-widgets-output-area",
+        ".widget-vbox .widget-output",
         "els => els.map(e => e.innerText + '|' + e.querySelectorAll('img').length)")
 
 
@@ -79,7 +91,8 @@ def _nudge_first_slider(page):
 
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_runs_in_jupyterlab(lab, browser, name):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
     try:
         _open(page, lab, name)
         _run_all(page)
@@ -94,17 +107,26 @@ def test_chapter_runs_in_jupyterlab(lab, browser, name):
             assert _nudge_first_slider(page) == 1
             page.wait_for_function(
                 "before => { const now = [...document.querySelectorAll("
-                "'.widget-vbox .jupyter-widgets-output-area')].map(e => e.innerText + '|' + "
+                "'.widget-vbox .widget-output')].map(e => e.innerText + '|' + "
                 "e.querySelectorAll('img').length); return JSON.stringify(now) !== "
                 "JSON.stringify(before); }", arg=before, timeout=60_000)
+            try:  # let the redrawn figure arrive before the screenshot
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('.widget-vbox .widget-output img')]"
+                    ".length > 0", timeout=15_000)
+            except Exception:
+                pass  # an explorer may print text only
             after = _explorer_outputs(page)
             assert after != before
             if name in WIDGET_TEXT:
                 assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
-            page.query_selector_all(".widget-vbox .widget-slider")[0].scroll_into_view_if_needed()
+            cell = page.query_selector_all(".jp-Cell:has(.widget-vbox .widget-slider)")[0]
+            cell.scroll_into_view_if_needed()
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            cell.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")))
         else:
             page.query_selector_all(".jp-RenderedImage img")[0].scroll_into_view_if_needed()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", ".png")))
     finally:
-        page.close()
+        context.close()
