@@ -29,7 +29,9 @@
 # 3. watch the four basic collectives move real tensors: `all_reduce`, `all_gather`,
 #    `broadcast`, and point-to-point `send`/`recv`;
 # 4. see what happens when one rank fails, or waits forever;
-# 5. solve two small exercises.
+# 5. switch to the companion's own "toy" backend and see every byte that travels: who sent
+#    how much to whom, in which step, and what it would cost on a real cluster;
+# 6. solve three small exercises.
 #
 # The later chapters use exactly these operations to build data, pipeline and tensor
 # parallelism (Figures 8-2 to 8-19 of the book).
@@ -191,7 +193,94 @@ except launch.RankTimeoutError as err:
     print(str(err).split(". ")[0])
 
 # %% [markdown]
-# ## 5. Exercises
+# ## 5. What travels between the ranks: the toy backend
+#
+# gloo and NCCL hide *how* a collective moves data. The companion ships a third backend,
+# `"toy"`, that runs the textbook algorithms itself, using only point-to-point messages,
+# and writes every message into a log. Your code does not change: the same
+# `dist.all_reduce` runs, only `backend="gloo"` becomes `backend="toy"`. First, check that
+# both give the same answer for the `all_reduce_demo` from section 3.
+
+# %%
+gloo = run(all_reduce_demo, 4, backend="gloo")
+toy = run(all_reduce_demo, 4, backend="toy")
+print("same result on every rank:", all(torch.equal(g[1], t[1]) for g, t in zip(gloo, toy)))
+
+# %% [markdown]
+# Now a tensor of 16 float32 values (64 bytes), about the gradient of a very small layer.
+# `run_with_traffic` runs the function with the toy backend and brings back every rank's
+# log, merged so that each message appears once. The default algorithm is the **ring**:
+# the tensor is cut into 4 chunks of 16 bytes; in 3 *reduce-scatter* steps each rank passes
+# a chunk to its right-hand neighbour, which adds its own share, until every rank owns one
+# fully summed chunk; in 3 *all-gather* steps the summed chunks travel once more around the
+# ring.
+
+# %%
+from parlab.traffic import run_with_traffic
+
+
+def sum_gradients():
+    grad = torch.full((16,), float(dist.get_rank()))
+    dist.all_reduce(grad)
+    return grad[0].item()
+
+
+results, ring = run_with_traffic(sum_gradients, 4, algorithm="ring")
+print("results:", results)
+print(ring.to_pandas().head(8).to_string(index=False))
+print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
+
+# %% [markdown]
+# The same log as tables: per rank, and per step. Every rank sends 6 messages of 16 bytes,
+# 96 bytes, which is 2(n-1)/n = 1.5 times the tensor, and every step keeps all four links
+# of the ring busy.
+
+# %%
+print(ring.per_rank().to_string())
+print()
+print(ring.per_step().to_string(index=False))
+
+# %% [markdown]
+# And as a picture: one panel per step, an arrow for each message.
+
+# %%
+from parlab.plots import show
+from parlab.plots.traffic import bytes_per_rank_figure, steps_figure
+
+show(steps_figure(ring, title="ring all_reduce of 64 bytes on 4 ranks", columns=3))
+
+# %% [markdown]
+# ### Ring or naive?
+# The **naive** algorithm sends every tensor to rank 0, which adds them up and sends the
+# sum back: only 2 steps, but rank 0 sends and receives (n-1) times the whole tensor.
+# With 4 ranks that is 3 x 64 = 192 bytes through one network card, against 96 for every
+# rank of the ring; with 1,000 GPUs it is 999 times the model, while the ring stays under 2.
+
+# %%
+_, naive = run_with_traffic(sum_gradients, 4, algorithm="naive")
+print(naive.per_rank().to_string())
+show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks, bytes sent"))
+
+# %% [markdown]
+# ### What it would cost on a real cluster
+# The log knows bytes, not seconds. `parlab.topology` describes a cluster like the book's
+# Figure 8-19 (GPUs in servers joined by NVLink; each GPU's network card on a rail switch)
+# and `parlab.traffic` turns messages into time with the alpha-beta model: each message
+# costs a latency alpha plus its bytes divided by the bandwidth, and a step lasts as long as
+# its slowest message. For a 1 GiB gradient and 400 Gb/s network cards, the naive
+# algorithm's one busy card makes it slower and slower as GPUs are added; the ring's time
+# hardly grows.
+
+# %%
+from parlab.topology import nic
+from parlab.traffic import allreduce_time
+
+for n in (2, 8, 64):
+    ring_s, naive_s = (allreduce_time(2**30, n, a, nic(400)) for a in ("ring", "naive"))
+    print(f"{n:>3} GPUs: ring {ring_s:6.3f} s   naive {naive_s:7.3f} s")
+
+# %% [markdown]
+# ## 6. Exercises
 #
 # Replace each `...` with your answer and run the cell. The checker tells you whether you
 # are right and why, without giving the answer away.
@@ -215,6 +304,15 @@ def sum_of_squares():
 
 
 check("00.2", ...)  # when your function is ready: check("00.2", sum_of_squares)
+
+# %% [markdown]
+# **Exercise 00.3.** A ring `all_reduce` runs on 4 ranks over a tensor of 1 MiB
+# (1,048,576 bytes). How many bytes does each rank send? (Predict first; then you can check
+# with `run_with_traffic` and a tensor of `2**18` float32 values.)
+
+# %%
+answer_00_3 = ...
+check("00.3", answer_00_3)
 
 # %% [markdown]
 # ## What's next

@@ -34,3 +34,26 @@ def _write_sum_of_squares(answer):
             return wrong(f"On {world_size} ranks the ranks returned {values}. Start each rank "
                          f"with its own rank**2, then reduce with the default operation.")
     return right("One all_reduce gives every rank the same sum, whatever the world size.")
+
+
+@exercise("00.3", "A ring all_reduce runs on 4 ranks over a tensor of 1 MiB (1,048,576 bytes). "
+                  "How many bytes does each rank send?")
+def _predict_ring_bytes(answer):
+    from ..traffic import allreduce_bytes_per_rank
+    nbytes, n = 2**20, 4
+    expected = allreduce_bytes_per_rank(nbytes, n, "ring")[0]
+    value = float(answer)
+    if value == expected:
+        return right("Two phases of n-1 steps, one chunk of 1/n of the tensor per step: "
+                     "2(n-1)/n of the tensor, whatever the rank.")
+    if value == nbytes:
+        return wrong("That is the whole tensor, sent once. In a ring a rank sends one chunk "
+                     "(1/n of the tensor) per step; count the steps of both phases.")
+    if value == (n - 1) * nbytes:
+        return wrong("That is what the root of the naive algorithm sends. In a ring every rank "
+                     "sends only chunks: one per step.")
+    if value in (2 * (n - 1) * nbytes, (n - 1) * nbytes / n):
+        return wrong("Close: check both the number of steps (each phase has n-1) and the size "
+                     "of one message (a chunk is 1/n of the tensor).")
+    return wrong("Count the steps (reduce-scatter then all-gather, n-1 steps each) and multiply "
+                 "by the bytes of one chunk. run_with_traffic can show you the log.")

@@ -1,0 +1,91 @@
+"""Toy ring all-reduce against gloo's all_reduce: medians and their ratio, in one run.
+
+    python benchmarks/collectives.py                  # 2 and 4 ranks; 1, 16, 64 MiB float32
+    python benchmarks/collectives.py --ranks 2 --mib 16 --repeats 21
+
+Both backends run inside the same ranks: the world is a toy group and a gloo group over
+the same ranks is created beside it, and the two are timed alternately, so a busy machine
+slows both alike. One sample is the slowest rank's time for one call (a collective is done
+when its last rank is done); the table shows the median of the samples. Bus bandwidth
+follows nccl-tests: algbw = bytes / time, busbw = algbw x 2(n-1)/n for all-reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from parlab import toy_algorithms, toy_backend, traffic
+from parlab.launch import run
+
+
+def _time_both(sizes_mib, repeats, warmup, piece_kib):
+    """On every rank: per size, per backend, a list of this rank's seconds per call."""
+    if piece_kib:
+        toy_algorithms.PIECE_BYTES = piece_kib * 1024
+    gloo = dist.new_group(backend="gloo")
+    toy_backend.set_algorithm("ring")
+    times = {}
+    for mib in sizes_mib:
+        tensor = torch.zeros(mib * 2**20 // 4)  # zeros: repeated sums never overflow
+        samples = {"toy": [], "gloo": []}
+        for i in range(warmup + repeats):
+            for name, group in (("toy", None), ("gloo", gloo)):
+                dist.barrier(group=gloo)
+                start = time.perf_counter()
+                dist.all_reduce(tensor, group=group)
+                if i >= warmup:
+                    samples[name].append(time.perf_counter() - start)
+        toy_backend.clear_transfers()
+        times[mib] = samples
+    return times
+
+
+def measure(ranks, sizes_mib, repeats, warmup=2, piece_kib=None):
+    """Rows of (ranks, MiB, gloo median s, toy median s); one sample = the slowest rank's time."""
+    per_rank = run(_time_both, ranks, sizes_mib, repeats, warmup, piece_kib, backend="toy",
+                   timeout=600)
+    rows = []
+    for mib in sizes_mib:
+        medians = {}
+        for name in ("gloo", "toy"):
+            slowest = [max(rank[mib][name][i] for rank in per_rank) for i in range(repeats)]
+            medians[name] = statistics.median(slowest)
+        rows.append((ranks, mib, medians["gloo"], medians["toy"]))
+    return rows
+
+
+def table(rows) -> str:
+    head = (f"{'ranks':>5} {'MiB':>5} {'gloo ms':>9} {'toy ms':>9} {'toy/gloo':>9} "
+            f"{'toy busbw GB/s':>15}")
+    lines = [head, "-" * len(head)]
+    for ranks, mib, gloo_s, toy_s in rows:
+        busbw = traffic.bus_bandwidth("all_reduce", mib * 2**20, toy_s, ranks) / 1e9
+        lines.append(f"{ranks:>5} {mib:>5} {gloo_s * 1e3:>9.2f} {toy_s * 1e3:>9.2f} "
+                     f"{toy_s / gloo_s:>9.2f} {busbw:>15.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--piece-kib", type=int, default=None,
+                        help="smallest pipelined piece of the toy ring, in KiB "
+                             "(default: toy_algorithms.PIECE_BYTES)")
+    args = parser.parse_args(argv)
+    rows = []
+    for ranks in args.ranks:
+        rows += measure(ranks, args.mib, args.repeats, piece_kib=args.piece_kib)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
