@@ -1,0 +1,263 @@
+"""Data parallelism (chapter 02): every parallel run against one process on the whole batch."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from parlab import data_parallel as dp
+from parlab.exercises import check
+from parlab.launch import RankError, run
+from parlab.plots.data_parallel import (FIGURE_8_2, bucketing_table, gradient_bytes,
+                                        layer_traffic, measure_traffic, run_figure_8_2)
+from parlab.traffic import allreduce_bytes_per_rank
+
+BACKENDS = ["gloo", "toy"]
+SPEC = dp.TrainSpec(steps=4, momentum=0.9, lr=0.05)
+TOL = 1e-6
+
+
+def _identical(runs):
+    return all(torch.equal(r.state[k], runs[0].state[k]) for r in runs[1:] for k in r.state)
+
+
+# --------------------------------------------------------------------------- the batch
+
+
+def test_split_batch_gives_consecutive_micro_batches():
+    assert dp.split_batch(16, 8, 2) == [[(0, 2), (2, 4), (4, 6), (6, 8)],
+                                        [(8, 10), (10, 12), (12, 14), (14, 16)]]
+    assert dp.split_batch(6, 3, 3, uneven=False) == [[(0, 2)], [(2, 4)], [(4, 6)]]
+
+
+def test_split_batch_rejects_bad_input_clearly():
+    with pytest.raises(ValueError, match=r"7 micro-batches do not split evenly over 2 ranks.*"
+                                         r"e\.g\. 8.*uneven=True"):
+        dp.split_batch(14, 7, 2)
+    with pytest.raises(ValueError, match="15 samples does not split into 8"):
+        dp.split_batch(15, 8, 2)
+    with pytest.raises(ValueError, match="cannot feed 4 ranks"):
+        dp.split_batch(16, 2, 4)
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        dp.split_batch(16, 8, 0)
+    uneven = dp.split_batch(15, 7, 2, uneven=True)
+    assert [len(r) for r in uneven] == [4, 3] and uneven[-1][-1][1] == 15
+
+
+# --------------------------------------------------------------------------- buckets and SGD
+
+
+def test_buckets_pack_last_tensors_first_under_the_cap():
+    ts = [torch.zeros(10), torch.zeros(3), torch.zeros(3), torch.zeros(20)]  # 40, 12, 12, 80 B
+    assert dp.make_buckets(ts) == [[3], [2], [1], [0]]
+    assert dp.make_buckets(ts, 64) == [[3], [2, 1, 0]]
+    assert dp.make_buckets(ts, 10**6) == [[3, 2, 1, 0]]
+    mixed = [torch.zeros(2), torch.zeros(2, dtype=torch.float64)]
+    assert dp.make_buckets(mixed, 10**6) == [[1], [0]]
+    with pytest.raises(ValueError, match="bucket_cap_bytes must be a positive integer"):
+        dp.make_buckets(ts, 0)
+
+
+def test_hand_written_sgd_matches_torch_optim():
+    a, b = dp.make_model(SPEC), dp.make_model(SPEC)
+    ours = dp.SGD(a.parameters(), 0.05, 0.9)
+    theirs = torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
+    for i in range(3):
+        x, y = dp.make_batch(SPEC, i)
+        for model, opt in ((a, ours), (b, theirs)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    assert dp.max_difference(a.state_dict(), b.state_dict()) == 0
+
+
+# --------------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_training_on_n_ranks_equals_one_process(backend, world_size):
+    reference = dp.reference(SPEC)
+    runs = dp.train(SPEC, world_size, backend=backend)
+    assert _identical(runs)
+    assert dp.max_difference(runs[0].state, reference.state) < TOL
+    mean_losses = [sum(r.losses[i] for r in runs) / world_size for i in range(SPEC.steps)]
+    assert mean_losses == pytest.approx(reference.losses, abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_buckets_change_the_calls_not_the_result(backend):
+    reference = dp.reference(SPEC)
+    per_tensor = dp.train(SPEC, 2, backend=backend)
+    bucketed = dp.train(SPEC.replace(bucket_cap_bytes=200), 2, backend=backend)
+    one = dp.train(SPEC.replace(bucket_cap_bytes=10**6), 2, backend=backend)
+    assert [r[0].calls[0] for r in (per_tensor, bucketed, one)] == [6, 3, 1]
+    assert per_tensor[0].sync_bytes == one[0].sync_bytes == [344] * SPEC.steps
+    for runs in (bucketed, one):
+        assert dp.max_difference(runs[1].state, reference.state) < TOL
+
+
+def test_uneven_split_is_weighted_to_match_one_process():
+    spec = SPEC.replace(samples=15, micro_batches=5, uneven=True)
+    runs = dp.train(spec, 2)
+    assert _identical(runs)
+    assert dp.max_difference(runs[0].state, dp.reference(spec).state) < TOL
+    with pytest.raises(RankError, match="do not split evenly over 2 ranks"):
+        dp.train(spec.replace(uneven=False, samples=10), 2)
+
+
+def test_segmented_run_resumes_exactly():
+    whole = dp.train(SPEC, 2)
+    parts = dp.train(SPEC, 2, segments=3)
+    assert len(parts[0].losses) == SPEC.steps
+    assert dp.max_difference(parts[0].state, whole[0].state) == 0
+
+
+def test_bad_training_options_are_clear_errors():
+    with pytest.raises(ValueError, match="engine must be 'hand' or 'ddp', got 'fsdp'"):
+        dp.train(SPEC, 2, engine="fsdp")
+    with pytest.raises(ValueError, match="use engine='hand'"):
+        dp.train(SPEC, 2, engine="ddp", fail_at=(0, 1, 0))
+    with pytest.raises(ValueError, match="segments must be a positive integer"):
+        dp.train(SPEC, 2, segments=0)
+
+
+def test_ddp_gives_the_same_weights_as_the_hand_built_step():
+    spec = SPEC.replace(bucket_cap_bytes=200)
+    hand = dp.train(spec, 2)
+    ddp = dp.train(spec, 2, engine="ddp")
+    assert _identical(ddp)
+    assert dp.max_difference(ddp[0].state, hand[0].state) < TOL
+    assert dp.max_difference(ddp[0].state, dp.reference(spec).state) < TOL
+
+
+# --------------------------------------------------------------------------- Figure 8-2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_figure_8_2_book_mlp_two_ranks(backend):
+    result = run_figure_8_2(backend=backend)
+    a1, a2 = result.ranks
+    assert a1["micro"] == [1, 2, 3, 4] and a2["micro"] == [5, 6, 7, 8]
+    for mine, peer in ((a1, a2), (a2, a1)):  # all_gather: A1 literally receives A2's gradient
+        assert all(torch.equal(r, g) for r, g in zip(mine["remote"], peer["local"]))
+    assert result.replicas_identical()
+    assert result.max_difference() < TOL
+    assert all(torch.allclose(a, r, atol=1e-7)
+               for a, r in zip(a1["averaged"], result.reference_grads))
+
+
+@pytest.mark.parametrize("world_size,how", [(1, "all_gather"), (2, "all_reduce"),
+                                            (4, "all_gather"), (4, "all_reduce")])
+def test_figure_8_2_book_mlp_several_steps(world_size, how):
+    result = run_figure_8_2(FIGURE_8_2.replace(steps=3), world_size=world_size, how=how)
+    assert result.max_difference() < TOL
+
+
+def test_book_mlp_rejects_momentum():
+    with pytest.raises(RankError, match="momentum=0"):
+        run_figure_8_2(FIGURE_8_2.replace(momentum=0.9))
+
+
+# --------------------------------------------------------------------------- traffic (toy)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ring_sends_2_n_minus_1_over_n_of_the_gradient_per_rank(world_size):
+    spec = SPEC.replace(sizes=(4, 6, 4, 2), steps=2, bucket_cap_bytes=10**6)  # 68 numbers
+    size = gradient_bytes(spec)
+    assert size == 68 * 4
+    runs, sent = measure_traffic(spec, world_size, "ring")
+    assert sent == [2 * (world_size - 1) * size // world_size] * world_size
+    assert dp.max_difference(runs[0].state, dp.reference(spec).state) < TOL
+
+
+def test_naive_root_sends_n_minus_1_gradients_and_uneven_ring_chunks_average_out():
+    spec = FIGURE_8_2.replace(bucket_cap_bytes=10**6)  # 86 numbers: chunks of 22, 22, 21, 21
+    size = gradient_bytes(spec)
+    _, naive = measure_traffic(spec, 4, "naive")
+    assert naive == [3 * size, size, size, size] == allreduce_bytes_per_rank(size, 4, "naive")
+    _, ring = measure_traffic(spec, 4, "ring")
+    assert sum(ring) / 4 == 2 * 3 / 4 * size
+    assert max(abs(b - 2 * 3 / 4 * size) for b in ring) <= 4  # at most one number apart
+
+
+def test_traffic_per_layer_is_c_in_times_c_out_whatever_the_batch():
+    table = layer_traffic(FIGURE_8_2, batches=(8, 64))
+    weights = table[table["C_in"] != "-"]
+    assert list(weights["C_in x C_out x 4 B"]) == [4 * 6 * 4, 6 * 6 * 4, 6 * 2 * 4]
+    assert list(weights["sent, batch 8 (B)"]) == list(weights["C_in x C_out x 4 B"])
+    assert list(table["sent, batch 8 (B)"]) == list(table["sent, batch 64 (B)"])
+
+
+def test_bucketing_cuts_calls_and_latency_not_bandwidth():
+    tensors = [torch.empty(1000, 1000, device="meta"), torch.empty(1000, device="meta")] * 10
+    table = bucketing_table(tensors, gpus=8, gbps=400, caps=(None, 8_100_000, 2**40))
+    assert list(table["all-reduce calls"]) == [20, 5, 1]
+    latency = list(table["of which latency ms"])
+    assert latency == sorted(latency, reverse=True) and latency[0] == pytest.approx(20 * latency[2])
+    bandwidth = table["modelled ms"] - table["of which latency ms"]
+    assert max(bandwidth) - min(bandwidth) < 0.02
+
+
+# --------------------------------------------------------------------------- lossless matters
+
+
+def test_lost_transfer_fails_every_rank_and_no_rank_updates(tmp_path):
+    spec = SPEC.replace(bucket_cap_bytes=200, steps=6)
+    journal = str(tmp_path)
+    with pytest.raises(RankError) as info:
+        dp.train(spec, 2, fail_at=(1, 4, 1), journal_dir=journal)
+    assert info.value.rank == 1 and info.value.exc_type == "LostTransfer"
+    assert "bucket 1) in step 4" in str(info.value)
+    last_update = []
+    for rank in (0, 1):
+        applied = [line for line in dp.read_journal(journal, rank) if "update applied" in line]
+        assert len(applied) == 3 and applied[-1].startswith("step 3:")
+        last_update.append(applied[-1])
+    assert last_update[0] == last_update[1]  # same weights (sum printed) after step 3
+    # rank 0 had received the average of bucket 0 of step 4, and still did not update
+    assert dp.read_journal(journal, 0)[-2:] == ["step 4: bucket 0 sent", "step 4: bucket 1 sent"]
+    assert dp.read_journal(journal, 1)[-1] == "step 4: bucket 0 sent"
+
+
+def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path):
+    spec = SPEC.replace(steps=8)
+    folder = str(tmp_path)
+    with pytest.raises(RankError):
+        dp.train(spec, 2, fail_at=(0, 5, 0), checkpoint_dir=folder, checkpoint_every=3)
+    start = dp.latest_checkpoint(folder)
+    assert start["step"] == 3
+    resumed = dp.train(spec, 2, start=start)
+    assert len(resumed[0].losses) == 5
+    assert dp.max_difference(resumed[0].state, dp.train(spec, 2)[0].state) == 0
+
+
+def test_a_silently_lost_transfer_lets_replicas_drift_apart():
+    runs = dp.train(SPEC, 2, lose_at=(1, 2))
+    assert dp.max_difference(runs[0].state, runs[1].state) > 1e-4
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+def test_exercise_checkers_accept_right_answers_and_do_not_reveal_them():
+    assert check("02.1", 4).ok and not check("02.1", 32).ok
+    assert check("02.2", 2.1).ok
+    wrong = check("02.2", 1.2)
+    assert wrong.ok is False and "2.1" not in wrong.message
+    assert check("02.3", 1024 * 4096 * 4).ok and not check("02.3", 1024 * 4096 * 4 * 8).ok
+
+    def average(grads):
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(piece.view_as(g))
+
+    def per_tensor(grads):
+        for g in grads:
+            dist.all_reduce(g)
+            g /= dist.get_world_size()
+
+    assert check("02.4", average).ok
+    verdict = check("02.4", per_tensor)
+    assert verdict.ok is False and "3 time(s)" in verdict.message
