@@ -57,3 +57,33 @@ def test_bad_batch_is_a_clear_error():
         profile(SmallCNN(), (3, 32, 32), batch=0)
     with pytest.raises(ValueError, match="no Conv2d or Linear"):
         profile(torch.nn.ReLU(), (3,), batch=1)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_hybrid_data_and_tensor_parallel_step_equals_one_process(world_size):
+    from parlab.cnn_hybrid import hybrid_step, reference_step
+    from parlab.launch import run
+
+    reference = reference_step(batch=8)
+    ranks = run(hybrid_step, world_size, 8)
+    hidden = reference["fc1.bias"].numel()
+    for name, value in reference.items():
+        if name.startswith("conv"):
+            for r in ranks:  # every replica holds the same, correct convolution weights
+                torch.testing.assert_close(r[name], value, rtol=1e-5, atol=1e-6)
+    stitched_w1 = torch.cat([r["fc1.weight"] for r in ranks], dim=0)
+    stitched_b1 = torch.cat([r["fc1.bias"] for r in ranks])
+    stitched_w2 = torch.cat([r["fc2.weight"] for r in ranks], dim=1)
+    assert stitched_w1.shape[0] == hidden
+    torch.testing.assert_close(stitched_w1, reference["fc1.weight"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stitched_b1, reference["fc1.bias"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stitched_w2, reference["fc2.weight"], rtol=1e-5, atol=1e-6)
+    for r in ranks:
+        torch.testing.assert_close(r["fc2.bias"], reference["fc2.bias"], rtol=1e-5, atol=1e-6)
+
+
+def test_hybrid_rejects_a_batch_that_does_not_split():
+    from parlab.cnn_hybrid import hybrid_step
+    from parlab.launch import RankError, run
+    with pytest.raises(RankError, match="does not split over 4 ranks"):
+        run(hybrid_step, 4, 6)

@@ -280,3 +280,17 @@ def book_table(mlp: BookMLP) -> str:
     total = sum(r.nbytes for r in rows)
     return "\n".join([line(head)] + [line(c) for c in cells]
                      + [line(("total", "", "", "", str(total), ""))])
+
+
+#: The tensor-parallel layers (Megatron's names) live in :mod:`parlab.tp_layers`; DESIGN
+#: lists them under ``parlab.layers`` too, so they resolve here on first use (lazily, to
+#: keep ``import parlab.layers`` free of torch.distributed work).
+_TENSOR_PARALLEL = ("ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
+                    "VocabParallelEmbedding", "BroadcastEmbedding")
+
+
+def __getattr__(name: str):
+    if name in _TENSOR_PARALLEL:
+        from . import tp_layers
+        return getattr(tp_layers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
