@@ -1,0 +1,312 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Combining strategies: choosing data, tensor and pipeline degrees
+#
+# Chapters 02 to 04 took one strategy at a time. Real training runs combine them: the book's
+# note 8-2 already splits a layer's data across GPUs inside a pipeline, Figure 8-19 puts
+# tensor parallelism inside a server and the pipeline along the rail switches, and the slide
+# decks end with DeepSpeed's "3D parallelism". Someone has to choose how many GPUs go to
+# each dimension. This chapter does it with the tools of the earlier chapters.
+#
+# In this notebook you will:
+#
+# 1. measure a small CNN: the convolutions do the arithmetic, the fully connected layers
+#    hold the weights; compare what data and tensor parallelism would send per layer, and see
+#    why the slides replicate the convolutions and split the fully connected layers; then run
+#    that hybrid on real ranks and check it against one process;
+# 2. read the slides' table of pros and cons, each line backed by a number the package
+#    computes;
+# 3. let a planner choose the layout of GPT-3 175B on 1,024 GPUs of 80 GB: every way to write
+#    1,024 = data x tensor x pipeline, its memory per GPU, its time per step, and where each
+#    rank sits on a rail-optimized cluster;
+# 4. run a small 3D-parallel job for real: 8 ranks, data 2 x tensor 2 x pipeline 2, equal to
+#    one-process training, with every message labelled by its group and link;
+# 5. solve four exercises.
+
+# %% [markdown]
+# ## 1. CNNs: replicate the convolutions, split the fully connected layers
+#
+# The slides' example is a convolutional network: a stack of convolutions that slide small
+# filters over large images, followed by fully connected layers. Their claim: the
+# convolutions do 90-95 % of the computation with about 5 % of the parameters, and the fully
+# connected layers the reverse. `parlab.cnn` measures a small CNN (five 3x3 convolutions and
+# two fully connected layers, on 3 x 32 x 32 images) on a real training step: FLOPs with
+# PyTorch's `FlopCounterMode`, parameters by counting, tensor sizes with hooks.
+
+# %%
+from parlab.cnn import SmallCNN, communication_per_layer, profile, share_by_kind
+
+profiles = profile(SmallCNN(), (3, 32, 32), batch=8)
+print(f"{'layer':<6} {'kind':<5} {'parameters':>11} {'MFLOP (fwd+bwd)':>16} {'in':>7} {'out':>7}")
+for p in profiles:
+    print(f"{p.name:<6} {p.kind:<5} {p.params:>11,} {p.flops / 1e6:>16,.1f} "
+          f"{p.input_elems:>7,} {p.output_elems:>7,}")
+for kind, share in share_by_kind(profiles).items():
+    print(f"{kind}: {share['flops']:.1%} of the FLOPs, {share['params']:.1%} of the parameters")
+
+# %% [markdown]
+# The slides' numbers hold for this model. Now the communication. Data parallelism sends a
+# layer's *gradients*, as many numbers as it has weights (`C_in x C_out`), whatever the
+# batch. Tensor parallelism sends *activations*: the layer's output if each GPU computes
+# some output channels ("partition output", `B x C_out`), or its input if each GPU takes
+# some input channels ("reduce output", `B x C_in`); for a convolution, times the image's
+# height x width. Bytes per layer at batch 8, in fp32:
+
+# %%
+print(f"{'layer':<6} {'data parallel':>14} {'partition out':>14} {'reduce out':>14}  cheapest")
+for r in communication_per_layer(profiles, batch=8):
+    print(f"{r['layer']:<6} {r['data_parallel']:>14,} {r['tp_partition_output']:>14,} "
+          f"{r['tp_reduce_output']:>14,}  {r['cheapest']}")
+
+# %% [markdown]
+# The early convolutions see 32 x 32 images: their activations are many times their
+# weights, so data parallelism wins by far. The fully connected layers have millions of
+# weights and tiny activations, so splitting them wins by far. In between there is a line,
+# and it moves with the batch: the last convolution works on 8 x 8 images, and at batch 8 it
+# is already cheaper to split. `crossover_batch` finds the largest batch for which splitting
+# a layer still pays:
+
+# %%
+from parlab.planner_cnn import assignment_bytes, crossover_batch
+
+for layer in ("conv5", "fc1", "fc2"):
+    print(f"{layer}: splitting moves fewer bytes up to batch {crossover_batch(profiles, layer):,}")
+
+# %% [markdown]
+# So the slides' advice is a rule for the *kind* of layer, and it is right in total: of the
+# four ways to give each kind one strategy, replicating the convolutions and splitting the
+# fully connected layers sends the fewest bytes, at batch 8 and at much larger batches.
+
+# %%
+for batch in (8, 512):
+    costs = assignment_bytes(profiles, batch)
+    print(f"batch {batch}: " + ", ".join(f"conv {c} + fc {f}: {n / 1e6:.1f} MB"
+                                         for (c, f), n in costs.items()))
+
+# %%
+from parlab.plots import show
+from parlab.plots.planner import cnn_figure
+
+show(cnn_figure(profiles, batch=8, layer="conv5"))
+
+# %% [markdown]
+# ### The hybrid, for real
+#
+# `parlab.cnn_hybrid.hybrid_step` runs the recipe on real ranks. Each rank keeps the whole
+# (small) convolution stack and runs it on its own quarter or half of the batch; the ranks
+# all-gather the features so that each can feed the whole batch to its slice of `fc1`
+# (split by output neurons) and `fc2` (split by input neurons, then an all-reduce of the
+# partial logits). After the backward pass the convolution gradients are summed across the
+# ranks. On the toy backend every message is logged, so the bytes split into the
+# tensor-parallel part and the data-parallel part. (This model is narrower than the one
+# measured above, so that it runs in a moment.)
+
+# %%
+from parlab.planner_cnn import hybrid_traffic
+
+for ranks in (2, 4):
+    hybrid = hybrid_traffic(ranks, batch=8)
+    print(f"{ranks} ranks: every parameter equals one-process training to within 1e-5: "
+          f"{hybrid.max_error < 1e-5}")
+    print(hybrid.table())
+
+# %% [markdown]
+# ## 2. The slides' summary, with numbers
+#
+# The slide deck closes with a table of pros and cons for data, model and pipeline
+# parallelism; chapter 04 added tensor parallelism. Each row below states the claims and
+# the numbers behind them, computed now from the earlier chapters' tools: the memory
+# calculator (chapter 01), the ring all-reduce (02), the pipeline simulator (03), tensor
+# parallel counts and the link model (04), and the CNN above.
+
+# %%
+from parlab.planner_summary import summary_table, summary_text
+
+print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
+
+# %% [markdown]
+# No row wins on its own: data parallelism cannot hold GPT-3, tensor parallelism needs the
+# fast links of one server, and a pipeline idles unless it has many micro-batches. Large
+# runs use all three.
+#
+# ## 3. A planner for data x tensor x pipeline
+#
+# `parlab.planner.plan(config, gpus=, gpu_memory_gb=)` goes through every way to write the
+# GPU count as dp x tp x pp, and every number of micro-batches m. For each it asks:
+#
+# * **Does it fit?** Memory on the busiest GPU from `parlab.memory.estimate` (chapter 01):
+#   bf16 weights and gradients, fp32 master weights and Adam moments, and the activations
+#   of the micro-batches in flight (1F1B: up to pp of them on the first stage).
+# * **How long is a step?** Compute: 6 x parameters x tokens FLOPs, shared by all GPUs, at
+#   989 TFLOP/s (an H100's dense bf16 peak) x 40 %. Pipeline bubble: a step of m
+#   micro-batches lasts m + pp - 1 slots. Communication, from `parlab.traffic`'s alpha-beta
+#   model on the links the ranks land on: tensor-parallel all-reduces (four per block and
+#   micro-batch), pipeline sends between stages, one gradient all-reduce per stage across
+#   the replicas. Nothing is overlapped with compute, which makes the model simple and a
+#   little pessimistic.
+#
+# The batch is GPT-3's: 1,536 sequences of 2,048 tokens. Below is the planner's verdict
+# as an explorer; the figure is the default setting (GPT-3 175B on 1,024 GPUs of 80 GB,
+# 400 Gb/s NICs, NVLink at 450 GB/s), and the controls re-plan for other models, GPU counts,
+# memory sizes and link speeds. Faded bars are layouts that do not fit.
+
+# %%
+from parlab.widgets.planner import planner_explorer
+
+planner_explorer()
+
+# %% [markdown]
+# ### Why not less model parallelism?
+#
+# Most ways to write 1,024 as a product never reach the timing stage. The search keeps the
+# reason for each one it drops; here is pure data parallelism and every other layout that
+# fails on memory alone, even with a single sequence per micro-batch:
+
+# %%
+from parlab.planner import plan, search
+
+found = search("GPT-3 175B", 1024, 80)
+for r in found.rejected:
+    if r.kind == "memory":
+        print(f"dp {r.dp:>4} x tp {r.tp} x pp {r.pp:>2}: {r.reason}")
+
+# %% [markdown]
+# More pipeline stages cut the weights and optimizer state per GPU, but not everything: the
+# closest misses (faded in the figure above) pass the memory floor and still end just over
+# the line once the micro-batches in flight are counted. Exercise 05.1 asks which part of
+# the memory refuses to shrink.
+#
+# ### Where the ranks sit
+#
+# The planner places ranks the way Figure 8-19 does. Ranks are numbered with the tensor
+# index fastest, then the stage, then the replica. A tensor-parallel group fills GPUs of one
+# server (NVLink); stage k+1 sits on the next server at the same GPU position, so
+# activations cross a single rail switch (A1 -> A2 -> A3 in the figure); replicas come last.
+# The first ranks of the winner:
+
+# %%
+best = plan("GPT-3 175B", 1024, 80)[0]
+print(best)
+print(best.placement_table(18))
+print("links per group:", best.links)
+
+# %% [markdown]
+# A smaller layout shows the pattern on one screen: dp 2 x tp 4 x pp 4 on four servers of
+# eight GPUs. Two tensor groups share each server (two replicas), and each replica's four
+# stages run down one set of rails. Here the two copies of a stage share a server, so even
+# their gradient all-reduce stays on NVLink.
+
+# %%
+from parlab.plots.planner import placement_figure
+
+show(placement_figure(2, 4, 4))
+
+# %% [markdown]
+# ## 4. A 3D-parallel job, for real
+#
+# The planner never runs anything. `parlab.parallel3d` runs the smallest interesting layout:
+# 8 ranks = data 2 x tensor 2 x pipeline 2, on a small GPT built by `parlab.models` (4
+# blocks, d_model 32, 4 heads). Each of the two pipeline stages holds two blocks; inside a
+# stage, attention and MLP are split across two ranks as Megatron does (chapter 04); the
+# stages pass two micro-batches forward and their gradients back with send/recv; the two
+# replicas average their gradients. The ranks sit as the planner places them, on servers of
+# two GPUs like Figure 8-19's:
+
+# %%
+show(placement_figure(2, 2, 2, gpus_per_server=2))
+
+# %% [markdown]
+# One SGD step on gloo, then the same on the toy backend. Both must equal one process
+# training the whole model on the whole batch: the pieces of every rank are stitched back
+# together and every parameter is compared, for both replicas.
+
+# %%
+from parlab.parallel3d import run_3d
+
+print(run_3d(backend="gloo").report())
+job = run_3d(backend="toy")
+print(job.report())
+
+# %% [markdown]
+# Every message of the toy run carries the name of its group (`dist.new_group(...,
+# group_desc="tensor")`), and the placement tells which link it would use: the
+# tensor-parallel all-reduces stay on NVLink, pipeline sends and the gradient all-reduce go
+# through a rail switch, and nothing needs the spine.
+
+# %%
+from parlab.plots.planner import traffic_3d_figure
+
+print(job.traffic_table())
+show(traffic_3d_figure(job))
+
+# %% [markdown]
+# The tensor groups send the most *messages* (four all-reduces per block and micro-batch)
+# but only over NVLink. At GPT-3's size the proportions change (each activation is a whole
+# sequence of 2,048 tokens x 12,288 features, each stage has more than a billion gradients),
+# and weighing them is what the planner's time model does.
+#
+# ## 5. Exercises
+#
+# Replace each `...` with your answer and run the cell. The checker says whether you are
+# right and why, without giving the answer away.
+#
+# **Exercise 05.1.** GPT-3 175B on 1,024 GPUs of 80 GB, tp = 8, 1F1B, one sequence per
+# micro-batch. Which part of the busiest GPU's memory stays the same whether pp is 8, 16 or
+# 32? Answer with a part name of `parlab.memory.Breakdown`, such as `"parameters"`. (Try
+# `parlab.planner.evaluate("GPT-3 175B", dp, 8, pp, microbatches=...)`.)
+
+# %%
+from parlab.exercises import check
+
+answer_05_1 = ...
+check("05.1", answer_05_1)
+
+# %% [markdown]
+# **Exercise 05.2.** dp 8 x tp 2 x pp 2 on four servers of 8 GPUs, placed as the planner
+# places ranks. Which link types does the data-parallel ring of stage 0 (tensor index 0)
+# use? Answer a set such as `{"nvlink"}`.
+
+# %%
+answer_05_2 = ...
+check("05.2", answer_05_2)
+
+# %% [markdown]
+# **Exercise 05.3.** In the CNN of section 1, up to which batch size does splitting `conv4`
+# (the cheaper of the two tensor-parallel splits) move fewer bytes per step than data
+# parallelism?
+
+# %%
+answer_05_3 = ...
+check("05.3", answer_05_3)
+
+# %% [markdown]
+# **Exercise 05.4.** Take the planner's best layout for GPT-3 175B on 1,024 GPUs of 80 GB
+# and halve the global batch, keeping the degrees and the micro-batch size. What is its
+# bubble fraction (idle slots over all slots)?
+
+# %%
+answer_05_4 = ...
+check("05.4", answer_05_4)
+
+# %% [markdown]
+# ## Where to go from here
+#
+# The planner's model leaves out what production planners add: activation recomputation
+# (which removes most of the activation memory for a third more compute), sharded optimizer
+# states (ZeRO), overlap of communication with computation, interleaved pipeline schedules,
+# and contention between groups that share a NIC. Each is a change to one function of
+# `parlab.planner` and a new column in its table: a good project to start from.

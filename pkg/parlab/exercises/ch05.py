@@ -1,0 +1,143 @@
+"""Chapter 05 exercises: what pipeline depth cannot shrink, where a data-parallel ring runs, where
+a CNN layer's line falls, and how the bubble follows the batch. Every expected answer is
+computed by the package when the checker runs, never typed in."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from . import exercise, right, wrong
+
+_MODEL, _GPUS, _TP = "GPT-3 175B", 1024, 8
+_PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
+_RING = (8, 2, 2)  # dp, tp, pp of exercise 05.2, on servers of 8 GPUs
+
+
+@lru_cache(maxsize=1)
+def _by_depth() -> dict:
+    """{pp: Breakdown} for tp=8, one sequence per micro-batch, GPT-3 on 1,024 GPUs."""
+    from ..planner import evaluate
+    out = {}
+    for pp in (8, 16, 32):
+        dp = _GPUS // (_TP * pp)
+        out[pp] = evaluate(_MODEL, dp, _TP, pp, microbatches=1536 // dp).memory
+    return out
+
+
+def _steadiest_part() -> str:
+    depth = _by_depth()
+    spread = {p: max(getattr(b, p) for b in depth.values()) /
+              min(getattr(b, p) for b in depth.values()) for p in _PARTS}
+    return min(spread, key=spread.get)
+
+
+def _ring_links() -> set:
+    from ..planner_placement import cluster, group_ranks, place
+    dp, tp, pp = _RING
+    gpu_of, topology = place(dp, tp, pp), cluster(dp * tp * pp)
+    ring = group_ranks("data", dp, tp, pp)[0]
+    return {topology.link_type(gpu_of[a], gpu_of[b]) for a, b in zip(ring, ring[1:] + ring[:1])}
+
+
+@lru_cache(maxsize=1)
+def _profiles():
+    from ..cnn import SmallCNN, profile
+    return profile(SmallCNN(), (3, 32, 32), batch=1)
+
+
+def _conv4_line() -> int:
+    from ..planner_cnn import crossover_batch
+    return crossover_batch(_profiles(), "conv4")
+
+
+@lru_cache(maxsize=1)
+def _winner():
+    from ..planner import plan
+    return plan(_MODEL, _GPUS, 80)[0]
+
+
+def _half_batch_bubble() -> float:
+    from ..planner import bubble_fraction
+    win = _winner()
+    return bubble_fraction(win.pp, win.microbatches // 2)
+
+
+def _answers() -> dict:
+    """The right answers, computed (used by the tests; a reader solves them in the notebook)."""
+    return {"05.1": _steadiest_part(), "05.2": _ring_links(), "05.3": _conv4_line(),
+            "05.4": _half_batch_bubble()}
+
+
+@exercise("05.1", "GPT-3 175B on 1,024 GPUs, tp=8, 1F1B, one sequence per micro-batch: which "
+                  "part of the busiest GPU's memory stays the same whether pp is 8, 16 or 32? "
+                  "Answer with a Breakdown part name such as 'parameters'.")
+def _steady(answer):
+    answer = str(answer).strip().lower().replace(" ", "_")
+    if answer not in _PARTS:
+        return wrong(f"Answer with one of {list(_PARTS)}.")
+    if answer == _steadiest_part():
+        return right("The first stage holds pp micro-batches in flight, each with the "
+                     "activations of L/pp layers: pp x L/pp = L layers' worth, whatever pp is. "
+                     "Only recomputation, smaller micro-batches or more tensor parallelism "
+                     "shrink it.")
+    depth = _by_depth()
+    return wrong(f"{answer.replace('_', ' ')} goes from "
+                 f"{getattr(depth[8], answer) / 1e9:.1f} GB at pp=8 to "
+                 f"{getattr(depth[32], answer) / 1e9:.1f} GB at pp=32: it is cut with the "
+                 f"layers. Which part also grows with the micro-batches a stage keeps?")
+
+
+@exercise("05.2", "dp 8 x tp 2 x pp 2 on 4 servers of 8 GPUs, placed as the planner places "
+                  "ranks: which link types does the data-parallel ring of stage 0 (tensor "
+                  "index 0) use? Answer a set such as {'nvlink'}.")
+def _ring(answer):
+    from ..topology import LINK_TYPES
+    answer = {str(a).strip().lower() for a in (answer if isinstance(answer, (set, list, tuple))
+                                                else [answer])}
+    if not answer <= set(LINK_TYPES):
+        return wrong(f"Use link type names: {list(LINK_TYPES)}.")
+    expected = _ring_links()
+    if answer == expected:
+        return right("Replicas follow each other down the servers at one GPU position, so "
+                     "the ring hops along a rail between them; where it moves on to the "
+                     "replicas at the next GPU positions, it changes rail on another server: "
+                     "through the spine.")
+    if answer < expected:
+        return wrong("Some hops are missing: follow the ring all the way around, including "
+                     "the hop from the last replica back to the first.")
+    return wrong("Place the ranks with parlab.planner_placement.place(8, 2, 2) and look at "
+                 "each neighbour pair of the ring group_ranks('data', 8, 2, 2)[0].")
+
+
+@exercise("05.3", "SmallCNN on 3x32x32 images: up to which batch size does splitting conv4 "
+                  "(the cheaper tensor-parallel split) move fewer bytes per step than data "
+                  "parallelism?")
+def _conv4(answer):
+    from ..planner_cnn import crossover_batch
+    expected, value, profiles = _conv4_line(), int(answer), _profiles()
+    if value == expected:
+        conv4 = next(p for p in profiles if p.name == "conv4")
+        return right(f"conv4's {conv4.params:,} weights cost as much as the activations of a "
+                     f"few samples of {conv4.input_elems:,} values: beyond that batch, "
+                     f"replicating the layer is cheaper.")
+    if value == crossover_batch(profiles, "conv5"):
+        return wrong("That is conv5's line; conv4 works on larger images (16 x 16).")
+    return wrong("Compare the layer's parameters (what data parallelism sends) with the "
+                 "smaller of its input and output per sample (what a split sends per sample).")
+
+
+@exercise("05.4", "The planner's best layout for GPT-3 175B on 1,024 GPUs of 80 GB: with the "
+                  "global batch halved (same degrees, same micro-batch size), what is its "
+                  "bubble fraction? A number between 0 and 1.")
+def _bubble(answer):
+    win, value = _winner(), float(answer)
+    expected = _half_batch_bubble()
+    if abs(value - expected) < 5e-4:
+        return right("Half the batch is half the micro-batches, while the pipeline still "
+                     "needs pp-1 slots to fill and drain: the idle share grows.")
+    if abs(value - win.bubble_fraction) < 5e-4:
+        return wrong("That is the bubble at the full batch. What happens to m?")
+    if abs(value - (win.pp - 1) / (win.microbatches // 2)) < 5e-4:
+        return wrong("That is the bubble measured against the ideal time; the chapter counts "
+                     "idle slots over all slots.")
+    return wrong("Read pp and m from the winner, halve m, and count idle slots over all slots.")
