@@ -14,6 +14,7 @@ NCCL without a code change.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import importlib
 import io
@@ -476,6 +477,14 @@ def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
 
 
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.barrier()  # nobody leaves while a peer still talks to it
+        finally:
+            dist.destroy_process_group()
+
+
 def _run_under_torchrun(fn, world_size, backend, args, kwargs):
     """torchrun started the processes: join its job, run fn here, gather every rank's result."""
     env_world = int(os.environ["WORLD_SIZE"])
@@ -483,6 +492,9 @@ def _run_under_torchrun(fn, world_size, backend, args, kwargs):
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend)  # env:// rendezvous that torchrun prepared
+        # we made the group, so we tear it down: gloo's threads still running at exit
+        # can abort the interpreter ("terminate called without an active exception")
+        atexit.register(_destroy_group)
     if env_world != world_size and dist.get_rank() == 0:
         warnings.warn(f"run(..., world_size={world_size}) under torchrun: using torchrun's "
                       f"WORLD_SIZE={env_world}", stacklevel=3)
