@@ -30,6 +30,27 @@ ALL_RAN = f"""() => {{
 }}"""
 
 
+#: In the cell of the first slider: the share of non-white pixels of its static default
+#: figure and of the figure the explorer redrew after the slider moved. A redraw that is
+#: blank or half-drawn has far less ink than the default render of the same figure.
+INK = """() => {
+  const ink = img => {
+    const c = document.createElement('canvas');
+    c.width = img.naturalWidth; c.height = img.naturalHeight;
+    const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+    const d = g.getImageData(0, 0, c.width, c.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4) if (d[i] + d[i + 1] + d[i + 2] < 720) n++;
+    return n / (c.width * c.height);
+  };
+  const cell = document.querySelector('.widget-vbox .widget-slider').closest('.jp-Cell');
+  const imgs = [...cell.querySelectorAll('.jp-OutputArea-output img')];
+  const live = imgs.filter(i => i.closest('.widget-output')).map(ink);
+  const still = imgs.filter(i => !i.closest('.widget-output')).map(ink);
+  return {still, live};
+}"""
+
+
 def _open(page, lab, name):
     """Open the notebook and wait until every cell is rendered and the kernel is idle."""
     base, token, root = lab
@@ -118,12 +139,23 @@ def test_chapter_runs_in_jupyterlab(lab, browser, name):
                 pass  # an explorer may print text only
             after = _explorer_outputs(page)
             assert after != before
+            ink = page.evaluate(INK)
+            if ink["still"] and ink["live"]:
+                assert ink["live"][0] >= 0.5 * ink["still"][0], \
+                    f"{name}: the redrawn figure is blank or half drawn: {ink}"
             if name in WIDGET_TEXT:
                 assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
-            cell = page.query_selector_all(".jp-Cell:has(.widget-vbox .widget-slider)")[0]
-            cell.scroll_into_view_if_needed()
+            # the moved explorer (its outermost box: controls and the redrawn output)
+            box = page.query_selector_all(".jp-OutputArea-output .widget-vbox:has(.widget-slider)")[0]
+            box.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.wait_for_function("() => [...document.querySelectorAll('.widget-output img')]"
+                                   ".every(i => i.complete && i.naturalWidth > 0)", timeout=15_000)
+            time.sleep(1.0)  # let the browser paint the decoded image
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            cell.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")))
+            area = box.bounding_box()
+            viewport = page.viewport_size
+            area["height"] = min(area["height"], viewport["height"] - area["y"])
+            page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")), clip=area)
         else:
             page.query_selector_all(".jp-RenderedImage img")[0].scroll_into_view_if_needed()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,25 @@ make stored outputs depend on the machine.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 __all__ = ["Explorer", "explore"]
+
+#: One redraw at a time: pyplot's state is global, and two overlapping redraws (a fast
+#: slider sends several changes) must not interleave.
+_DRAWING = threading.Lock()
+
+
+def _png(fig):
+    """The figure as a PNG image, rendered here rather than by the display hook."""
+    import io
+
+    from IPython.display import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return Image(data=buffer.getvalue(), format="png")
 
 
 class Explorer:
@@ -52,11 +68,14 @@ def explore(draw: Callable, controls: dict, description: str, static: bool = Tru
 
     def render(out):
         values = {name: control.value for name, control in controls.items()}
-        with out:
+        # interactive mode off while the figure is built: outside a cell's execution,
+        # pyplot's auto-draw fires on every change of a half-built figure, and the first
+        # render of the finished one came out blank in JupyterLab
+        with _DRAWING, plt.ioff(), out:
             out.clear_output(wait=True)
             result = draw(**values)
             if result is not None:
-                display(result)
+                display(_png(result))
                 plt.close(result)
 
     if static:
