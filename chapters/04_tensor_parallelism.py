@@ -59,6 +59,18 @@ for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", 
     print(f"{part:<16} {counts[part]:>16,}{said}")
 
 # %% [markdown]
+# **Figure 8-15** is the stack these counts come from: embeddings, 96 identical decoder
+# blocks (self-attention and a feed-forward layer, each behind a LayerNorm and around a
+# residual connection), and the output projection back to the vocabulary. The labels below
+# are computed from the same configuration:
+
+# %%
+from parlab.plots import show
+from parlab.plots.transformer import local_qkv_figure, transformer_figure
+
+show(transformer_figure())
+
+# %% [markdown]
 # The book's "about 605 million" per attention layer is 4 d² = 604 M plus biases, and its
 # "about 173 billion" for the blocks is 96 x 1.81 B = 174.0 B: rounding, not a different
 # model. Even one block (1.8 B parameters, 3.6 GB in fp16) is a lot for one GPU once
@@ -98,6 +110,18 @@ print(f"vectors looked up for one sequence of 2048 tokens: {table['vectors_bytes
 # fp16), but the argument holds: it is a third of one block and a third of a percent of
 # the model, and a lookup only copies rows, which costs almost nothing. Split the table
 # and every lookup becomes a collective. Section 3 measures both layouts.
+
+# %% [markdown]
+# ### Q, K and V on one GPU (Figure 8-16)
+#
+# Self-attention starts by multiplying each token's vector (its embedding plus its
+# position, normalized) by three weight matrices: W_Q gives the token's *query*, W_K its
+# *key*, W_V its *value*. Here are the real numbers for four tokens in a small model
+# (`d_model` 8). The figure's Q, K and V are checked against the model's own projection
+# layers when it is drawn. Everything sits on one GPU; section 5 splits these matrices.
+
+# %%
+show(local_qkv_figure())
 
 # %% [markdown]
 # ## 2. Cutting tensors: who owns which slice
