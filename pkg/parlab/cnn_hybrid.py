@@ -69,6 +69,11 @@ def hybrid_step(batch: int = 8, lr: float = 0.1, seed: int = 0, width: int = 8,
     if hidden % world:
         raise ValueError(f"hidden={hidden} neurons do not split over {world} ranks; "
                          f"use a multiple of {world}")
+    # the same ranks play both roles; separate, labelled groups let a traffic log (toy
+    # backend) tell the tensor-parallel bytes from the data-parallel ones
+    ranks = list(range(world))
+    tensor_group = dist.new_group(ranks, group_desc="tensor")
+    data_group = dist.new_group(ranks, group_desc="data")
     model = _model(seed, width, hidden)  # same seed: every rank starts from the same weights
     rows = slice(rank * hidden // world, (rank + 1) * hidden // world)
     w1 = model.fc1.weight.detach()[rows].clone().requires_grad_()
@@ -78,14 +83,14 @@ def hybrid_step(batch: int = 8, lr: float = 0.1, seed: int = 0, width: int = 8,
 
     x, y = make_batch(batch, seed)
     mine = slice(rank * batch // world, (rank + 1) * batch // world)
-    features = gather_for_use(model.features(x[mine]), dim=0)  # data parallel -> whole batch
-    hidden_slice = torch.relu(features @ w1.T + b1)             # column parallel fc1
-    logits = reduce_from_region(hidden_slice @ w2.T) + b2       # row parallel fc2
+    features = gather_for_use(model.features(x[mine]), dim=0, group=tensor_group)  # whole batch
+    hidden_slice = torch.relu(features @ w1.T + b1)                       # column parallel fc1
+    logits = reduce_from_region(hidden_slice @ w2.T, group=tensor_group) + b2  # row parallel fc2
     F.cross_entropy(logits, y).backward()
 
     convs = [p for name in CONV_LAYERS for p in getattr(model, name).parameters()]
     for p in convs:
-        dist.all_reduce(p.grad)  # each rank's share covers its own samples: sum them
+        dist.all_reduce(p.grad, group=data_group)  # each rank's share covers its samples: sum
     with torch.no_grad():
         for p in convs + [w1, b1, w2, b2]:
             p -= lr * p.grad

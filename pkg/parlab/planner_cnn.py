@@ -86,20 +86,18 @@ class HybridTraffic:
         return worst
 
     def bytes_by_strategy(self) -> dict[str, dict[str, int]]:
-        """``{"tensor" | "data": {op: bytes sent}}``.
+        """``{"tensor" | "data": {op: bytes sent}}``, from the group label of each message.
 
-        :func:`parlab.cnn_hybrid.hybrid_step` runs every collective on the world group, in a
-        fixed order: all-gather of the features and all-reduce of fc2's partial logits
-        (forward), reduce-scatter of the features' gradient (backward), then one all-reduce
-        per convolution parameter. So the all-reduces issued after the reduce-scatter are the
-        data-parallel ones; everything before it is tensor parallel.
+        :func:`parlab.cnn_hybrid.hybrid_step` runs the fully connected layers' collectives on
+        a group labelled "tensor" and the convolutions' gradient all-reduces on one labelled
+        "data" (the same ranks, two groups), so the toy log says which is which.
         """
-        records = self.log.records
-        scatter = min(r.call for r in records if r.op == "reduce_scatter")
         out: dict[str, dict[str, int]] = {"tensor": {}, "data": {}}
-        for r in records:
-            kind = "data" if r.op == "all_reduce" and r.call > scatter else "tensor"
-            out[kind][r.op] = out[kind].get(r.op, 0) + r.nbytes
+        for r in self.log.records:
+            if r.group not in out:
+                raise ValueError(f"a message of group {r.group!r} in the hybrid's log; "
+                                 f"expected only 'tensor' and 'data'")
+            out[r.group][r.op] = out[r.group].get(r.op, 0) + r.nbytes
         return out
 
     def table(self) -> str:
