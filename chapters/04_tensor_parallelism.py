@@ -297,26 +297,29 @@ from parlab.tensor_parallel import collective_wire_bytes, run_attention
 
 attention = {"book": run_attention("book", backend="toy"),
              "megatron": run_attention("megatron", backend="toy"),
-             "pytorch": run_attention("pytorch", backend="gloo")}
+             "pytorch": run_attention("pytorch", backend="toy")}
 for c in attention.values():
     print(c.summary())
 
 # %% [markdown]
 # Outputs and gradients (every weight and bias, and the input) equal the single-GPU layer
-# in all three. What each one moved, from the toy backend's log:
+# in all three. What each one moved, from the toy backend's log (PyTorch's DTensor runs
+# its collectives on the toy backend like any other code):
 
 # %%
-for name in ("book", "megatron"):
+for name in attention:
     print(f"--- {name}\n{attention[name].traffic_table()}")
 
 # %% [markdown]
-# PyTorch's API runs its collectives through its own functional layer;
-# `FunctionalCollectives` reads them from PyTorch's dispatcher (run here on gloo):
+# PyTorch's API issues its collectives through its own functional layer;
+# `FunctionalCollectives` reads them from PyTorch's dispatcher, which tells what each call
+# was handed, and the ring formula turns that into bytes on the wire, the same as logged:
 
 # %%
 pytorch_calls = attention["pytorch"].info["collectives"]
 print(pytorch_calls)
 print("on the wire (ring, 2 GPUs):", collective_wire_bytes(pytorch_calls, 2))
+print("logged by the toy backend:  ", attention["pytorch"].total_bytes())
 
 # %% [markdown]
 # The same as Megatron: one all-reduce of X's size each way. (That takes one detail:
@@ -333,8 +336,7 @@ from parlab.plots.tensor_parallel import attention_bytes_figure, book_attention_
 show(book_attention_figure(attention["book"]))
 
 # %%
-measured = {name: attention[name].total_bytes() for name in ("book", "megatron")}
-measured["pytorch"] = collective_wire_bytes(pytorch_calls, 2)
+measured = {name: c.total_bytes() for name, c in attention.items()}
 ratio = sum(measured["book"].values()) / sum(measured["megatron"].values())
 print(f"the book's way moved {ratio:.3g} x the bytes of Megatron's")
 show(attention_bytes_figure(measured, "one attention layer, 2 GPUs: bytes measured"))

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from parlab import tp_counting as counting
 from parlab.launch import run
-from parlab.tensor_parallel import run_attention
+from parlab.tensor_parallel import collective_wire_bytes, run_attention
 from parlab.tp_layer_runs import run_embedding, run_layer_strategy, run_mlp
 
 BACKENDS = ["gloo", "toy"]
@@ -71,17 +71,23 @@ def test_attention_variants_equal_one_device(variant, backend):
         assert measured(c) == counting.attention_bytes(variant, 2, 4, 8, n=2)
 
 
-def test_pytorch_api_equals_one_device_and_issues_one_all_reduce_each_way():
-    c = run_attention("pytorch", backend="gloo")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pytorch_api_equals_one_device_and_issues_one_all_reduce_each_way(backend):
+    c = run_attention("pytorch", backend=backend)
     assert_matches(c)
     payload = 2 * 4 * 8 * 4  # batch x seq x d_model x fp32
-    assert c.info["collectives"] == {"forward": [("all_reduce", payload)],
-                                     "backward": [("all_reduce", payload)]}
+    calls = c.info["collectives"]  # as PyTorch's dispatcher saw them
+    assert calls == {"forward": [("all_reduce", payload)], "backward": [("all_reduce", payload)]}
+    if backend == "toy":  # DTensor's collectives ran on the toy backend and are in its log
+        assert measured(c) == counting.attention_bytes("pytorch", 2, 4, 8, n=2)
+        assert c.total_bytes() == collective_wire_bytes(calls, 2)
     # without declaring the input replicated, each ColwiseParallel all-reduces its own
     # input gradient: three all-reduces in the backward pass
-    unprepared = run_attention("pytorch", backend="gloo", prepare_input=False)
+    unprepared = run_attention("pytorch", backend=backend, prepare_input=False)
     assert_matches(unprepared)
     assert unprepared.info["collectives"]["backward"] == [("all_reduce", payload)] * 3
+    if backend == "toy":
+        assert unprepared.total_bytes() == collective_wire_bytes(unprepared.info["collectives"], 2)
 
 
 def test_books_way_splits_inside_a_head_and_on_four_ranks():

@@ -242,6 +242,27 @@ def test_sub_groups_log_global_ranks_and_labels():
     assert all(rec.call == 0 for res in results for rec in res[1])
 
 
+def _device_mesh():
+    """A 2 x 2 DeviceMesh on toy; DTensor's functional all-reduce along the "tensor" dim."""
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "tensor"))
+    group = mesh.get_group("tensor")
+    toy_backend.clear_transfers()
+    t = funcol.all_reduce(torch.tensor([float(dist.get_rank())]), "sum", (mesh, 1))
+    names = (dist.group.WORLD.group_name, group.group_name)
+    return funcol.wait_tensor(t).item(), names, toy_backend.transfers()
+
+
+def test_device_mesh_and_functional_collectives_run_on_toy():
+    results = run(_device_mesh, 4, backend="toy")
+    assert [res[0] for res in results] == [1.0, 1.0, 5.0, 5.0]  # rows {0, 1} and {2, 3}
+    assert all(res[1][0] and res[1][1] and res[1][0] != res[1][1] for res in results)
+    sent = {(rec.op, rec.src, rec.dst) for res in results for rec in res[2]}
+    assert sent == {("all_reduce", 0, 1), ("all_reduce", 1, 0),
+                    ("all_reduce", 2, 3), ("all_reduce", 3, 2)}
+
+
 def _toy_group_in_gloo_world():
     group = dist.new_group(backend="toy")
     t = torch.tensor([dist.get_rank() + 1])

@@ -69,9 +69,10 @@ class FunctionalCollectives:
     """Record the functional collectives (what PyTorch's DTensor issues) and their payload bytes.
 
     ``with FunctionalCollectives() as seen: ...`` then ``seen.records`` holds ``(op, bytes)``
-    per collective, bytes being the size of the tensor handed to it. The toy backend logs
-    every transfer of our own layers; this hook is how the chapter sees inside PyTorch's
-    API, which runs its collectives through the dispatcher (``_c10d_functional``).
+    per collective, bytes being the size of the tensor handed to it. PyTorch's API runs its
+    collectives through the dispatcher (``_c10d_functional``); this hook reads them there,
+    on any backend. On the toy backend the same collectives also land in the traffic log,
+    as every transfer on the wire, so the two can be checked against each other.
     """
 
     def __init__(self):

@@ -17,6 +17,13 @@ Use::
 
 ``dist.new_group(ranks, backend="toy", pg_options=ToyOptions(label="tensor"))`` (or
 ``group_desc="tensor"``) names a sub-group; its records carry that label and global ranks.
+PyTorch's DeviceMesh and DTensor (``torch.distributed.tensor.parallel``) run on toy groups
+too: their functional collectives find a group by name and call its methods, so what
+DTensor moves is in the log. (Under torch 2.13 PyTorch's bridge to Python groups forwards
+all-reduce, all-to-all and broadcast from there, not the single-tensor all-gather and
+reduce-scatter: ``all_gather_into_tensor`` fails with "No backend type associated with
+device type cpu". The default ColwiseParallel/RowwiseParallel plans need only all-reduces;
+sequence parallelism would need the other two.)
 Importing :mod:`parlab` registers the backend; nothing here touches a tensor at import time
 (the launcher forks ranks from a process that imported parlab).
 """

@@ -75,6 +75,7 @@ class ToyProcessGroup(dist.ProcessGroup):
         self._global = list(global_ranks) or list(range(size))
         self._is_world = not global_ranks
         self._store, self._timeout = store, timeout
+        self._group_name = name  # torch sets the same name again once the group is made
         self._gloo = ProcessGroupGloo(PrefixStore("toy/gloo/", store), rank, size, timeout)
         self._nccl = None
         self._calls = 0       # collectives so far (every rank of the group agrees)
@@ -85,6 +86,22 @@ class ToyProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "toy"
+
+    # ------------------------------------------------------------------ the group's name
+    # torch.distributed names every group it makes (``pg._set_group_name(...)``) and registers
+    # it under that name; DeviceMesh reads ``group.group_name``, and PyTorch's functional
+    # collectives (what DTensor issues) find the group by name in C++. A plain ProcessGroup
+    # keeps its name in its registered backends; this group has none (it *is* the backend),
+    # so without these two methods the name is lost ("ProcessGroup name not set"). PyTorch's
+    # trampoline for Python groups (PyProcessGroup) routes getGroupName/setGroupName here.
+    def getGroupName(self) -> str:
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set: create toy groups with "
+                               "dist.init_process_group or dist.new_group(backend='toy')")
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
 
     def __repr__(self) -> str:
         return f"ToyProcessGroup(rank {self._rank} of {self._size}, label {self.label!r})"

@@ -256,7 +256,8 @@ def dtensor_attention(ref: SelfAttention, mesh=None, prepare_input: bool = True)
     replicated (``PrepareModuleInput``), so the three projections' partial input gradients
     are added up as one DTensor and all-reduced once, as Megatron's fused QKV does; without
     it each ColwiseParallel all-reduces its own input gradient (three all-reduces).
-    ``mesh`` defaults to a 1-D mesh over every rank.
+    ``mesh`` defaults to a 1-D mesh over every rank. Any backend whose groups have names
+    works: gloo, nccl, and parlab's toy backend, whose log then holds the bytes DTensor moved.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate
@@ -270,8 +271,9 @@ def dtensor_attention(ref: SelfAttention, mesh=None, prepare_input: bool = True)
             if "name not set" not in str(err):
                 raise
             raise RuntimeError(f"PyTorch's DeviceMesh needs the process group's group_name, which "
-                               f"backend {dist.get_backend()!r} does not provide; run this "
-                               f"variant with backend 'gloo' or 'nccl'") from err
+                               f"backend {dist.get_backend()!r} does not provide under torch "
+                               f"{torch.__version__}; run this variant with backend 'gloo', "
+                               f"'nccl' or 'toy'") from err
     check_degree(mesh.size(), ref.n_heads, "attention heads")
     module = copy.deepcopy(ref)
     if prepare_input:
