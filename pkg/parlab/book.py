@@ -33,9 +33,20 @@ def chapters(root: Path | None = None) -> list[Path]:
 
 
 def paired_text(notebook: Path) -> str:
-    """The jupytext percent text that the notebook's ``.py`` pair must hold."""
+    """The jupytext percent text that the notebook's ``.py`` pair must hold.
+
+    The pairing itself is declared once, in pyproject.toml (``[tool.jupytext]``), not in
+    each notebook's metadata, so this text equals what ``jupytext --to py:percent -o -``
+    prints for the notebook.
+    """
     import jupytext
-    return jupytext.writes(jupytext.read(notebook), fmt=PAIR_FORMAT)
+    nb = jupytext.read(notebook)
+    _drop_pairing(nb)
+    return jupytext.writes(nb, fmt=PAIR_FORMAT)
+
+
+def _drop_pairing(nb) -> None:
+    nb.metadata.get("jupytext", {}).pop("formats", None)
 
 
 def unpaired(root: Path | None = None) -> list[str]:
@@ -74,6 +85,7 @@ def build(sources: list[Path], timeout: int = 900) -> None:
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(source.parent)}})
         client.execute()
+        _drop_pairing(notebook)
         target = source.with_suffix(".ipynb")
         nbformat.write(notebook, target)
         source.write_text(paired_text(target))
