@@ -29,7 +29,8 @@
 #    `broadcast`, and point-to-point `send`/`recv`;
 # 4. see what happens when one rank fails, or waits forever;
 # 5. switch to the companion's own "toy" backend and see every byte that travels: who sent
-#    how much to whom, in which step, and what it would cost on a real cluster;
+#    how much to whom, in which step, and what it would cost on a real cluster, then run
+#    any collective on 2 to 8 ranks yourself with an explorer;
 # 6. solve three small exercises.
 #
 # The later chapters use exactly these operations to build data, pipeline and tensor
@@ -259,6 +260,22 @@ show(steps_figure(ring, title="ring all_reduce of 64 bytes on 4 ranks", columns=
 _, naive = run_with_traffic(sum_gradients, 4, algorithm="naive")
 print(naive.per_rank().to_string())
 show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks, bytes sent"))
+
+# %% [markdown]
+# ### Try it yourself
+# The explorer below runs one collective on real ranks with the toy backend each time you
+# change a setting: which collective, which algorithm, how many ranks (2 to 8) and how many
+# float32 values each rank holds. Every rank checks its own answer against the sum or copy
+# it must end up with, and the figure draws each step's messages. Things to look for: the
+# ring needs more steps as ranks are added but every rank sends about the same; the naive
+# algorithm finishes in two steps but piles the work on rank 0; a broadcast along the ring
+# takes n - 1 steps, along the tree about log2(n). (Without a running kernel you see the
+# default setting: all_gather on a ring of 4 ranks.)
+
+# %%
+from parlab.widgets.basics import collective_explorer
+
+collective_explorer()
 
 # %% [markdown]
 # ### What it would cost on a real cluster

@@ -111,3 +111,39 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown field"):
         TrafficLog([]).filter(colour="red")
     assert traffic.TrafficLog([]).total_bytes == 0
+
+
+def test_collective_explorer_runs_real_ranks_and_redraws(capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    from parlab.widgets.basics import collective_explorer
+
+    explorer = collective_explorer()  # all_gather on a ring of 4, 16 floats: the static figure
+    out = capsys.readouterr().out
+    assert "every rank's result is right: True" in out
+    assert "3 steps, 12 messages, 768 B in all" in out  # each rank sends its piece 3 times
+    controls = explorer.widget.children[0].children
+    collective, algorithm, ranks, floats = controls
+    collective.value = "all_reduce"
+    ranks.value = 5
+    floats.value = 20  # 80 bytes: the ring's 2(n-1)/n = 8/5 of it per rank, exactly
+    out = capsys.readouterr().out.split("all_reduce (ring) on 5 ranks")[-1]
+    assert "every rank's result is right: True" in out
+    assert "8 steps, 40 messages" in out and "the busiest rank sends 128 B" in out
+    algorithm.value = "naive"
+    assert "rank sends 320 B (4.00 x 80 B)" in capsys.readouterr().out  # root: 4 sums back
+    assert repr(explorer).startswith("[interactive]")
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter", "broadcast"])
+def test_every_explored_collective_is_right_with_every_algorithm(collective, capsys):
+    import matplotlib
+    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    from parlab.widgets.basics import draw_collective
+
+    for algorithm in toy_backend.ALGORITHMS:
+        plt.close(draw_collective(collective, algorithm, ranks=3, elements=4))
+        assert "every rank's result is right: True" in capsys.readouterr().out, algorithm
+    with pytest.raises(ValueError, match="unknown collective 'gossip'; choose one of"):
+        draw_collective("gossip")

@@ -30,7 +30,7 @@ ALL_RAN = f"""() => {{
 }}"""
 
 
-#: In the cell of the first slider: the share of non-white pixels of its static default
+#: In the cell of the moved control: the share of non-white pixels of its static default
 #: figure and of the figure the explorer redrew after the slider moved. A redraw that is
 #: blank or half-drawn has far less ink than the default render of the same figure.
 INK = """() => {
@@ -43,7 +43,7 @@ INK = """() => {
     for (let i = 0; i < d.length; i += 4) if (d[i] + d[i + 1] + d[i + 2] < 720) n++;
     return n / (c.width * c.height);
   };
-  const cell = document.querySelector('.widget-vbox .widget-slider').closest('.jp-Cell');
+  const cell = document.querySelector('.jp-Cell[data-moved]');
   const imgs = [...cell.querySelectorAll('.jp-OutputArea-output img')];
   const live = imgs.filter(i => i.closest('.widget-output')).map(ink);
   const still = imgs.filter(i => !i.closest('.widget-output')).map(ink);
@@ -100,14 +100,26 @@ def _explorer_outputs(page):
         "els => els.map(e => e.innerText + '|' + e.querySelectorAll('img').length)")
 
 
-def _nudge_first_slider(page):
-    """Move the first slider of each explorer one step right; return how many moved."""
+def _move_one_control(page):
+    """Move the first slider one step right, or where a chapter has no slider, pick the next
+    option of its first dropdown. Marks the control's cell (``data-moved``); returns its kind."""
     handles = page.query_selector_all(".widget-vbox .widget-slider .noUi-handle")
-    for handle in handles[:1]:
-        handle.scroll_into_view_if_needed()
-        handle.click()
+    if handles:
+        control = handles[0]
+        control.scroll_into_view_if_needed()
+        control.click()
         page.keyboard.press("ArrowRight")
-    return len(handles[:1])
+        kind = "slider"
+    else:
+        control = page.query_selector(".widget-vbox .widget-dropdown select")
+        assert control is not None, "no slider and no dropdown to move"
+        control.scroll_into_view_if_needed()
+        options = control.eval_on_selector_all("option", "os => os.map(o => o.value)")
+        current = control.evaluate("e => e.selectedIndex")
+        control.select_option(options[(current + 1) % len(options)])
+        kind = "dropdown"
+    control.evaluate("e => { e.closest('.jp-Cell').dataset.moved = '1'; }")
+    return kind
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -122,43 +134,41 @@ def test_chapter_runs_in_jupyterlab(lab, browser, name):
                   if o.get("output_type") == "error"]
         assert errors == [], f"{name}: cell errors {[(e['ename'], e['evalue']) for e in errors]}"
         assert page.query_selector_all(".jp-RenderedImage img"), f"{name}: no figure rendered"
-        widgets = page.query_selector_all(".widget-vbox .widget-slider")
-        if widgets:
-            before = _explorer_outputs(page)
-            assert _nudge_first_slider(page) == 1
+        # every chapter has at least one explorer, and one of its controls must work
+        assert page.query_selector_all(".widget-vbox .widget-output"), f"{name}: no explorer"
+        before = _explorer_outputs(page)
+        moved = _move_one_control(page)
+        page.wait_for_function(
+            "before => { const now = [...document.querySelectorAll("
+            "'.widget-vbox .widget-output')].map(e => e.innerText + '|' + "
+            "e.querySelectorAll('img').length); return JSON.stringify(now) !== "
+            "JSON.stringify(before); }", arg=before, timeout=60_000)
+        try:  # let the redrawn figure arrive before the screenshot
             page.wait_for_function(
-                "before => { const now = [...document.querySelectorAll("
-                "'.widget-vbox .widget-output')].map(e => e.innerText + '|' + "
-                "e.querySelectorAll('img').length); return JSON.stringify(now) !== "
-                "JSON.stringify(before); }", arg=before, timeout=60_000)
-            try:  # let the redrawn figure arrive before the screenshot
-                page.wait_for_function(
-                    "() => [...document.querySelectorAll('.widget-vbox .widget-output img')]"
-                    ".length > 0", timeout=15_000)
-            except Exception:
-                pass  # an explorer may print text only
-            after = _explorer_outputs(page)
-            assert after != before
-            ink = page.evaluate(INK)
-            if ink["still"] and ink["live"]:
-                assert ink["live"][0] >= 0.5 * ink["still"][0], \
-                    f"{name}: the redrawn figure is blank or half drawn: {ink}"
-            if name in WIDGET_TEXT:
-                assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
-            # the moved explorer (its outermost box: controls and the redrawn output)
-            box = page.query_selector_all(".jp-OutputArea-output .widget-vbox:has(.widget-slider)")[0]
-            box.evaluate("e => e.scrollIntoView({block: 'start'})")
-            page.wait_for_function("() => [...document.querySelectorAll('.widget-output img')]"
-                                   ".every(i => i.complete && i.naturalWidth > 0)", timeout=15_000)
-            time.sleep(1.0)  # let the browser paint the decoded image
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            area = box.bounding_box()
-            viewport = page.viewport_size
-            area["height"] = min(area["height"], viewport["height"] - area["y"])
-            page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")), clip=area)
-        else:
-            page.query_selector_all(".jp-RenderedImage img")[0].scroll_into_view_if_needed()
+                "() => [...document.querySelectorAll('.jp-Cell[data-moved] .widget-output img')]"
+                ".length > 0", timeout=15_000)
+        except Exception:
+            pass  # an explorer may print text only
+        after = _explorer_outputs(page)
+        assert after != before, f"{name}: moving a {moved} changed no explorer's output"
+        ink = page.evaluate(INK)
+        if ink["still"] and ink["live"]:
+            assert ink["live"][0] >= 0.5 * ink["still"][0], \
+                f"{name}: the redrawn figure is blank or half drawn: {ink}"
+        if name in WIDGET_TEXT:
+            assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
+        # the moved explorer (its outermost box: controls and the redrawn output)
+        box = page.query_selector(".jp-Cell[data-moved] .jp-OutputArea-output .widget-vbox")
+        box.evaluate("e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-Cell[data-moved] .widget-output img')]"
+            ".every(i => i.complete && i.naturalWidth > 0)", timeout=15_000)
+        time.sleep(1.0)  # let the browser paint the decoded image
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        area = box.bounding_box()
+        viewport = page.viewport_size
+        area["height"] = min(area["height"], viewport["height"] - area["y"])
+        page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")), clip=area)
         page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", ".png")))
     finally:
         context.close()
