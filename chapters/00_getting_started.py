@@ -31,7 +31,7 @@
 # 5. switch to the companion's own "toy" backend and see every byte that travels: who sent
 #    how much to whom, in which step, and what it would cost on a real cluster, then run
 #    any collective on 2 to 8 ranks yourself with an explorer;
-# 6. solve three small exercises.
+# 6. solve four small exercises.
 #
 # The later chapters use exactly these operations to build data, pipeline and tensor
 # parallelism (Figures 8-2 to 8-19 of the book).
@@ -329,6 +329,15 @@ check("00.2", ...)  # when your function is ready: check("00.2", sum_of_squares)
 # %%
 answer_00_3 = ...
 check("00.3", answer_00_3)
+
+# %% [markdown]
+# **Exercise 00.4.** Rank 0 broadcasts a tensor to 8 ranks. Passed along the ring, it takes
+# 7 steps. How many steps does the **tree** algorithm take? (Predict, then set the explorer
+# above to broadcast, tree, 8 ranks.)
+
+# %%
+answer_00_4 = ...
+check("00.4", answer_00_4)
 
 # %% [markdown]
 # ## What's next

@@ -44,6 +44,9 @@ def test_exercise_00_checkers_accept_right_answers_without_printing_them():
 
     assert check("00.2", sum_of_squares).ok is True
     assert check("00.2", lambda: dist.get_rank()).ok is False
+    assert check("00.4", 3).ok is True  # log2(8), counted from a real tree broadcast
+    ring = check("00.4", 7)
+    assert ring.ok is False and "ring" in ring.message
 
 
 def test_unknown_exercise_is_a_clear_error():

@@ -57,3 +57,30 @@ def _predict_ring_bytes(answer):
                      "of one message (a chunk is 1/n of the tensor).")
     return wrong("Count the steps (reduce-scatter then all-gather, n-1 steps each) and multiply "
                  "by the bytes of one chunk. run_with_traffic can show you the log.")
+
+
+def _broadcast_steps(n: int, algorithm: str) -> int:
+    """Steps of a broadcast from rank 0 to ``n`` ranks, counted from a real toy-backend run."""
+    from ..traffic import run_with_traffic
+    from ..widgets.basics import one_collective
+    _, log = run_with_traffic(one_collective, n, "broadcast", 4, algorithm=algorithm)
+    return len(log._steps())
+
+
+@exercise("00.4", "Rank 0 broadcasts a tensor to 8 ranks. Passed along the ring it takes 7 "
+                  "steps. How many steps does the tree algorithm take?")
+def _predict_tree_broadcast(answer):
+    value = int(answer)
+    n = 8
+    expected = _broadcast_steps(n, "tree")
+    if value == expected:
+        return right("Every rank that already has the tensor passes it on in the next step, so "
+                     "the number of ranks holding it doubles: log2(n) steps.")
+    if value == _broadcast_steps(n, "ring"):
+        return wrong("That is the ring. In a tree, each rank that has the tensor sends it on "
+                     "at once, so more ranks send in each step.")
+    if value == 1:
+        return wrong("One step is the naive algorithm, where rank 0 sends to all 7 others "
+                     "itself and its network card carries 7 copies. The tree shares that work.")
+    return wrong("Count how many ranks hold the tensor after each step: 1, then 2, then ... "
+                 "The explorer above (broadcast, tree, 8 ranks) draws every step.")

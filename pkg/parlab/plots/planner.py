@@ -56,7 +56,7 @@ def layouts_figure(search, top: int = 8, title: str = ""):
             left.barh(y, seconds, left=start, color=_PART_COLORS[part],
                       alpha=1.0 if lay.fits else 0.35, label=part if y == 0 else None)
             start += seconds
-        left.text(start, y, f" {start:.2f} s" if lay.fits else " does not fit",
+        left.text(start, y, f" {start:.4g} s" if lay.fits else " does not fit",
                   va="center", fontsize=8)
         start = 0.0
         for part, nbytes in lay.memory.parts().items():
