@@ -20,6 +20,45 @@ def test_a_changed_pair_is_detected(tmp_path):
     assert any("differ" in p for p in problems) and any("no notebook" in p for p in problems)
 
 
+def _widget_notebook(ids):
+    """A notebook whose one output shows a VBox with two children, under the given ids."""
+    import nbformat
+    box, slider, layout = ids
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("explorer()")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "[interactive]",
+        "application/vnd.jupyter.widget-view+json": {"model_id": box, "version_major": 2,
+                                                     "version_minor": 0}})]
+    nb.cells = [nbformat.v4.new_markdown_cell("# title", id="title"), cell]
+    cell.id = "code"
+    state = {box: {"state": {"children": [f"IPY_MODEL_{slider}"]}},
+             slider: {"state": {"layout": f"IPY_MODEL_{layout}", "value": 3}},
+             layout: {"state": {}}}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state}}
+    return nb
+
+
+def test_rebuilt_notebooks_keep_their_cell_and_widget_ids(tmp_path):
+    import uuid
+
+    import nbformat
+    first, second = ([uuid.uuid4().hex for _ in range(3)] for _ in range(2))
+    a = nbformat.writes(book._stable_widget_ids(_widget_notebook(first), "ch"))
+    b = nbformat.writes(book._stable_widget_ids(_widget_notebook(second), "ch"))
+    assert a == b and not any(i in a for i in first)  # random ids gone, the rest identical
+    previous = tmp_path / "old.ipynb"
+    old = _widget_notebook(first)
+    nbformat.write(old, previous)
+    new = _widget_notebook(first)
+    for cell in new.cells:  # jupytext gives every cell of a freshly read .py a new id
+        cell.id = uuid.uuid4().hex[:8]
+    new.cells.insert(1, nbformat.v4.new_markdown_cell("a new cell"))
+    book._keep_cell_ids(new, previous)
+    assert [new.cells[0].id, new.cells[2].id] == [c.id for c in old.cells]
+    assert new.cells[1].id not in {c.id for c in old.cells}
+
+
 def test_every_exercise_waits_for_an_answer_and_rejects_a_wrong_one():
     exercises = list_exercises()
     assert {"00.1", "00.2"} <= set(exercises)

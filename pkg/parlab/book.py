@@ -70,6 +70,68 @@ def _comparable(text: str) -> str:
     return re.sub(r"(?m)^#\s+jupytext_version: .*\n", "", text)
 
 
+def _keep_cell_ids(notebook, previous: Path) -> None:
+    """Give each cell the id it had in the previous build when its type and source are
+    unchanged, so a rebuild's diff shows the cells that changed, not a new id on every cell."""
+    import nbformat
+
+    if not previous.exists():
+        return
+    old_ids: dict[tuple[str, str], list[str]] = {}
+    for cell in nbformat.read(previous, as_version=4).cells:
+        if "id" in cell:
+            old_ids.setdefault((cell.cell_type, cell.source), []).append(cell.id)
+    taken = set()
+    for cell in notebook.cells:
+        ids = old_ids.get((cell.cell_type, cell.source))
+        if ids and ids[0] not in taken:
+            cell.id = ids.pop(0)
+            taken.add(cell.id)
+    if len({cell.id for cell in notebook.cells}) != len(notebook.cells):
+        raise RuntimeError(f"duplicate cell ids after reusing those of {previous.name}")
+
+
+def _stable_widget_ids(notebook, seed: str):
+    """Replace the random widget model ids (fresh on every run) with ids numbered in a fixed
+    order, so the stored widget state of an unchanged chapter is byte-for-byte the same.
+
+    The order: the widgets the outputs show, cell by cell, each followed depth-first by the
+    models it refers to (``IPY_MODEL_<id>``, keys sorted); then any model nothing refers to,
+    sorted by its content.
+    """
+    import hashlib
+    import json
+
+    import nbformat
+
+    state = notebook.metadata.get("widgets", {}).get(
+        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    if not state:
+        return notebook
+    order: list[str] = []
+
+    def visit(model_id):
+        if model_id in state and model_id not in order:
+            order.append(model_id)
+            refs = re.findall(r"IPY_MODEL_([0-9a-f]{32})", json.dumps(state[model_id],
+                                                                      sort_keys=True))
+            for ref in refs:
+                visit(ref)
+
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            view = output.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            if view:
+                visit(view["model_id"])
+    for model_id in sorted(set(state) - set(order),
+                           key=lambda m: json.dumps(state[m], sort_keys=True)):
+        order.append(model_id)
+    text = nbformat.writes(notebook)
+    for i, model_id in enumerate(order):
+        text = text.replace(model_id, hashlib.md5(f"{seed}-{i}".encode()).hexdigest())
+    return nbformat.reads(text, as_version=4)
+
+
 def build(sources: list[Path], timeout: int = 900) -> None:
     """Execute each chapter from its ``.py`` and write the ``.ipynb`` with outputs, then re-pair."""
     import jupytext
@@ -81,12 +143,16 @@ def build(sources: list[Path], timeout: int = 900) -> None:
         notebook = jupytext.read(source)
         notebook.metadata.setdefault("kernelspec", {
             "display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"})
+        target = source.with_suffix(".ipynb")
+        _keep_cell_ids(notebook, target)
         started = time.monotonic()
+        # no per-cell timestamps: a rebuild then changes only what the code changed
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                                record_timing=False,
                                 resources={"metadata": {"path": str(source.parent)}})
         client.execute()
         _drop_pairing(notebook)
-        target = source.with_suffix(".ipynb")
+        notebook = _stable_widget_ids(notebook, target.stem)
         nbformat.write(notebook, target)
         source.write_text(paired_text(target))
         print(f"built {target.name} in {time.monotonic() - started:.1f} s")
