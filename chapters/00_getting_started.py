@@ -267,8 +267,8 @@ show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks,
 # change a setting: which collective, which algorithm, how many ranks (2 to 8) and how many
 # float32 values each rank holds. Every rank checks its own answer against the sum or copy
 # it must end up with, and the figure draws each step's messages. Things to look for: a
-# ring all_reduce needs more steps as ranks are added, yet every rank sends the same number
-# of bytes; the naive algorithm needs at most two steps but piles the work on rank 0; a
+# ring all_reduce needs more steps as ranks are added, yet every rank sends about the same
+# number of bytes (exactly the same when the ranks divide the tensor); the naive algorithm needs at most two steps but piles the work on rank 0; a
 # broadcast passed along the ring takes n - 1 steps (exercise 00.4 asks what the tree
 # needs). Without a running kernel you see the default setting: all_gather on a ring of 4
 # ranks.
