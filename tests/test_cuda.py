@@ -71,13 +71,9 @@ def _toy_battery(device):
             b.cpu().tolist(), got)
 
 
-def _cpu_or_gpu(use_gpu):
-    return _toy_battery(torch.device("cuda", 0) if use_gpu else torch.device("cpu"))
-
-
 def test_toy_backend_carries_cuda_tensors_like_cpu_ones():
-    gpu, gpu_log = run_with_traffic(_cpu_or_gpu, 3, True, timeout=120)
-    cpu, cpu_log = run_with_traffic(_cpu_or_gpu, 3, False, timeout=120)
+    gpu, gpu_log = run_with_traffic(_toy_battery, 3, "cuda:0", timeout=120)
+    cpu, cpu_log = run_with_traffic(_toy_battery, 3, "cpu", timeout=120)
     assert [r[0] for r in gpu] == ["cuda"] * 3
     assert [r[1:] for r in gpu] == [r[1:] for r in cpu]
     assert gpu[0][1] == [float(6 * i) for i in range(8)]  # (1 + 2 + 3) x arange(8)

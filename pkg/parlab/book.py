@@ -81,12 +81,10 @@ def _keep_cell_ids(notebook, previous: Path) -> None:
     for cell in nbformat.read(previous, as_version=4).cells:
         if "id" in cell:
             old_ids.setdefault((cell.cell_type, cell.source), []).append(cell.id)
-    taken = set()
     for cell in notebook.cells:
         ids = old_ids.get((cell.cell_type, cell.source))
-        if ids and ids[0] not in taken:
+        if ids:
             cell.id = ids.pop(0)
-            taken.add(cell.id)
     if len({cell.id for cell in notebook.cells}) != len(notebook.cells):
         raise RuntimeError(f"duplicate cell ids after reusing those of {previous.name}")
 

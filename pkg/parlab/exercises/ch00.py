@@ -64,7 +64,7 @@ def _broadcast_steps(n: int, algorithm: str) -> int:
     from ..traffic import run_with_traffic
     from ..widgets.basics import one_collective
     _, log = run_with_traffic(one_collective, n, "broadcast", 4, algorithm=algorithm)
-    return len(log._steps())
+    return len(log.per_step())
 
 
 @exercise("00.4", "Rank 0 broadcasts a tensor to 8 ranks. Passed along the ring it takes 7 "

@@ -13,20 +13,13 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..figures import figure
+from ..memory import format_bytes
 from . import GPU_COLORS
 
 __all__ = ["qkv_sharding_figure", "book_attention_figure", "ffn_figure", "attention_bytes_figure",
            "strategy_figure", "memory_figure", "format_bytes"]
 
 _NAMES = ("A1", "A2")
-
-
-def format_bytes(n: float) -> str:
-    """Bytes in decimal units, three significant digits (B, kB, MB, GB, TB)."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def qkv_sharding_figure(d_model: int = 8, n_heads: int = 2, ranks: int = 2):

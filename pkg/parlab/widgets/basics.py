@@ -68,7 +68,7 @@ def draw_collective(collective: str = "all_gather", algorithm: str = "ring", ran
             "reduce_scatter": f"{ranks} pieces of {unit} bytes on each rank",
             "broadcast": f"one {unit}-byte tensor from rank 0"}[collective]
     sent = log.per_rank()["sent"].reindex(range(ranks), fill_value=0)
-    steps = len(log._steps())
+    steps = len(log.per_step())
     plural = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"
     print(f"{collective} ({algorithm}) on {ranks} ranks, {what}: {COLLECTIVES[collective]}")
     print(f"every rank's result is right: {all(results)}")
