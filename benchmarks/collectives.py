@@ -20,14 +20,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from parlab import toy_algorithms, toy_backend, traffic
+from parlab.comm.toy import backend as toy_backend, wire as toy_wire
+from parlab.comm import traffic
 from parlab.launch import run
 
 
 def _time_both(sizes_mib, repeats, warmup, piece_kib):
     """On every rank: per size, per backend, a list of this rank's seconds per call."""
     if piece_kib:
-        toy_algorithms.PIECE_BYTES = piece_kib * 1024
+        toy_wire.PIECE_BYTES = piece_kib * 1024
     gloo = dist.new_group(backend="gloo")
     toy_backend.set_algorithm("ring")
     times = {}
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--piece-kib", type=int, default=None,
                         help="smallest pipelined piece of the toy ring, in KiB "
-                             "(default: toy_algorithms.PIECE_BYTES)")
+                             "(default: toy_wire.PIECE_BYTES)")
     args = parser.parse_args(argv)
     rows = []
     for ranks in args.ranks:

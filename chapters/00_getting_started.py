@@ -92,7 +92,7 @@ print(f"a 4-rank launch took {time.perf_counter() - start:.3f} s")
 # replicas.
 
 # %%
-from parlab.plots.basics import show_collective
+from parlab.viz.plots import show_collective
 
 
 def all_reduce_demo():
@@ -216,7 +216,7 @@ print("same result on every rank:", all(torch.equal(g[1], t[1]) for g, t in zip(
 # ring.
 
 # %%
-from parlab.traffic import run_with_traffic
+from parlab.comm import run_with_traffic
 
 
 def sum_gradients():
@@ -244,8 +244,8 @@ print(ring.per_step().to_string(index=False))
 # And as a picture: one panel per step, an arrow for each message.
 
 # %%
-from parlab.plots import show
-from parlab.plots.traffic import bytes_per_rank_figure, steps_figure
+from parlab.viz import show
+from parlab.viz.plots import bytes_per_rank_figure, steps_figure
 
 show(steps_figure(ring, title="ring all_reduce of 64 bytes on 4 ranks", columns=3))
 
@@ -274,23 +274,22 @@ show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks,
 # ranks.
 
 # %%
-from parlab.widgets.basics import collective_explorer
+from parlab.viz.widgets import collective_explorer
 
 collective_explorer()
 
 # %% [markdown]
 # ### What it would cost on a real cluster
-# The log knows bytes, not seconds. `parlab.topology` describes a cluster like the book's
+# The log knows bytes, not seconds. `parlab.comm.topology` describes a cluster like the book's
 # Figure 8-19 (GPUs in servers joined by NVLink; each GPU's network card on a rail switch)
-# and `parlab.traffic` turns messages into time with the alpha-beta model: each message
+# and `parlab.comm.traffic` turns messages into time with the alpha-beta model: each message
 # costs a latency alpha plus its bytes divided by the bandwidth, and a step lasts as long as
 # its slowest message. For a 1 GiB gradient and 400 Gb/s network cards, the naive
 # algorithm's one busy card makes it slower and slower as GPUs are added; the ring's time
 # hardly grows.
 
 # %%
-from parlab.topology import nic
-from parlab.traffic import allreduce_time
+from parlab.comm import allreduce_time, nic
 
 for n in (2, 8, 64):
     ring_s, naive_s = (allreduce_time(2**30, n, a, nic(400)) for a in ("ring", "naive"))

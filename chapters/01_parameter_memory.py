@@ -55,9 +55,9 @@
 
 # %%
 from parlab import memory
-from parlab.layers import BookMLP, book_table, held_bytes
-from parlab.plots import show
-from parlab.plots.memory import figure_8_1, figure_8_1_step
+from parlab.models import BookMLP, book_table, held_bytes
+from parlab.viz import show
+from parlab.viz.plots import figure_8_1, figure_8_1_step
 
 alone = figure_8_1_step(sizes=(4, 5, 5, 2), batch=8, with_peer=False)
 print(book_table(alone))
@@ -192,7 +192,7 @@ for model, shape in ((BookMLP((64, 256, 256, 10)), (32,)), (small, (4, 64))):
 # activations are the largest part.
 
 # %%
-from parlab.plots.memory import model_sizes_figure
+from parlab.viz.plots import model_sizes_figure
 
 show(model_sizes_figure())
 
@@ -214,7 +214,7 @@ print(plan.breakdown.table())
 # figure shows the default setting; with a live kernel, the controls below it redraw.
 
 # %%
-from parlab.widgets.memory import energy_explorer, memory_explorer
+from parlab.viz.widgets import energy_explorer, memory_explorer
 
 memory_explorer(model="GPT-3 175B", precision="bf16", optimizer="adam", batch=8, seq=2048,
                 tp=8, pp=16)
@@ -225,7 +225,7 @@ memory_explorer(model="GPT-3 175B", precision="bf16", optimizer="adam", batch=8,
 # The book's example: 50,000 GPUs at 350 W for 60 days, at $0.10 per kWh.
 
 # %%
-from parlab.energy import expected_waste, failure_cost, training_cost, young_interval
+from parlab.memory import expected_waste, failure_cost, training_cost, young_interval
 
 run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
 print(run)

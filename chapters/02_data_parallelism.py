@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from parlab import data_parallel as dp
 from parlab.launch import RankError, run
-from parlab.plots import show
+from parlab.viz import show
 
 for rank, shares in enumerate(dp.split_batch(samples=16, micro_batches=8, world_size=2)):
     print(f"rank {rank}: micro-batches (first sample, last sample + 1) = {shares}")
@@ -95,7 +95,8 @@ print(dp.split_batch(samples=14, micro_batches=7, world_size=2, uneven=True))
 # equal micro-batches that gives the same gradient as accumulating them one by one.
 
 # %%
-from parlab.plots.data_parallel import figure_8_2, run_figure_8_2
+from parlab.viz.plots import figure_8_2
+from parlab.data_parallel import run_figure_8_2
 
 book = run_figure_8_2(how="all_gather")
 print(book.table())
@@ -146,7 +147,7 @@ print("4 ranks, all-gather: identical bits:", four.replicas_identical(),
 # real ranks again.
 
 # %%
-from parlab.widgets.data_parallel import book_step_explorer
+from parlab.viz.widgets import book_step_explorer
 
 book_step_explorer()
 
@@ -190,7 +191,7 @@ reference = dp.reference(spec)
 runs = {n: dp.train(spec, n, segments=5, progress=True) for n in (1, 2, 4)}
 
 # %%
-from parlab.plots.data_parallel import loss_curves
+from parlab.viz.plots import loss_curves
 
 for n, ranks in runs.items():
     identical = all(dp.max_difference(r.state, ranks[0].state) == 0 for r in ranks)
@@ -247,7 +248,7 @@ for cap in (None, 200, 10**6):
 # %% [markdown]
 # Why it matters: every message pays a fixed start-up cost (latency, α) before its bytes
 # flow at the link's bandwidth (β): `time = α + bytes / β` per message, and a ring
-# all-reduce over N GPUs is 2(N−1) such steps. The table applies `parlab.traffic`'s
+# all-reduce over N GPUs is 2(N−1) such steps. The table applies `parlab.comm.cost`'s
 # alpha-beta model to GPT-2 small (124 M parameters in 196 tensors, fp32) on 64 GPUs with
 # 400 Gb/s NICs: the bytes cost the same in every row, the latency does not.
 #
@@ -257,7 +258,7 @@ for cap in (None, 200, 10**6):
 
 # %%
 from parlab.models import GPT, GPT2_SMALL
-from parlab.plots.data_parallel import bucketing_table
+from parlab.data_parallel import bucketing_table
 
 with torch.device("meta"):  # shapes only, no memory
     gpt2 = list(GPT(GPT2_SMALL).parameters())
@@ -274,7 +275,8 @@ print(bucketing_table(gpt2, gpus=64, gbps=400).to_string(index=False))
 # sent per step.
 
 # %%
-from parlab.plots.data_parallel import FIGURE_8_2, gradient_bytes, traffic_figure, traffic_table
+from parlab.data_parallel import FIGURE_8_2, gradient_bytes, traffic_table
+from parlab.viz.plots import traffic_figure
 
 one_bucket = FIGURE_8_2.replace(steps=2, bucket_cap_bytes=10**6)
 size = gradient_bytes(one_bucket)
@@ -297,7 +299,7 @@ show(traffic_figure(table, size))
 # 2 ranks, with batches of 8 and 64:
 
 # %%
-from parlab.plots.data_parallel import layer_traffic
+from parlab.data_parallel import layer_traffic
 
 print(layer_traffic(FIGURE_8_2, batches=(8, 64)).to_string(index=False))
 
@@ -307,7 +309,7 @@ print(layer_traffic(FIGURE_8_2, batches=(8, 64)).to_string(index=False))
 #
 # ## 7. Hundreds or thousands of GPUs
 #
-# The closed forms of `parlab.traffic` (checked against the toy backend's logs by its
+# The closed forms of `parlab.comm.cost` (checked against the toy backend's logs by its
 # tests) scale the count up. Below: bytes through the busiest NIC per step, and the time of
 # one gradient all-reduce from the alpha-beta model, against the compute time of the step
 # (6 FLOPs per parameter per token, 8 × 2048 tokens per GPU, an H100 at 40 % of its
@@ -325,18 +327,19 @@ print(layer_traffic(FIGURE_8_2, batches=(8, 64)).to_string(index=False))
 
 # %%
 from parlab.models import GPT3_175B, count_parameters
-from parlab.plots.data_parallel import compute_seconds, sync_cost
+from parlab.data_parallel import TOKENS_PER_GPU, sync_cost
+from parlab.models import compute_seconds
 
 params = count_parameters(GPT3_175B)["total"]
 print(f"GPT-3 175B, bf16 gradients, 1024 GPUs, 400 Gb/s NICs; "
-      f"compute {compute_seconds(params):.1f} s per step")
+      f"compute {compute_seconds(params, TOKENS_PER_GPU):.1f} s per step")
 for algorithm in ("ring", "naive", "tree"):
     busiest, seconds = sync_cost(params, 1024, 400, algorithm)
     print(f"  {algorithm:<6} busiest NIC {busiest / 1e9:>10,.0f} GB per step, "
           f"all-reduce {seconds:>9,.1f} s")
 
 # %%
-from parlab.widgets.data_parallel import scaling_explorer
+from parlab.viz.widgets import scaling_explorer
 
 scaling_explorer()
 
@@ -397,13 +400,13 @@ print("final weights equal to an uninterrupted run:",
       dp.max_difference(resumed[0].state, uninterrupted[0].state) == 0)
 
 # %% [markdown]
-# On the book's scale this is money. `parlab.energy` prices the chapter's run (50,000 GPUs
+# On the book's scale this is money. `parlab.memory.energy` prices the chapter's run (50,000 GPUs
 # at 350 W for 60 days at $0.10 per kWh) and what a failure two hours into day 60 throws
 # away, without a checkpoint and with one every 3 hours (chapter 01 explores the
 # trade-off).
 
 # %%
-from parlab.energy import failure_cost, training_cost
+from parlab.memory import failure_cost, training_cost
 
 book_run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
 at = 59 * 24 + 2  # two hours into day 60

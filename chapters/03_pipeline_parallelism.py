@@ -118,7 +118,7 @@ for erratum in errata(sim):
 # play. The dropdown switches to the other schedules of section 5.
 
 # %%
-from parlab.widgets.pipeline import step_explorer
+from parlab.viz.widgets import step_explorer
 
 step_explorer()
 
@@ -126,8 +126,8 @@ step_explorer()
 # Step 6 is the busiest step for B1, and it is the one with the missing transfer:
 
 # %%
-from parlab.plots import show
-from parlab.plots.pipeline import step_figure
+from parlab.viz import show
+from parlab.viz.plots import step_figure
 
 show(step_figure(sim, 6))
 
@@ -206,7 +206,7 @@ print(toy_run.traffic_table())
 # whole stage, so the interleaved schedule's shorter steps line up with the others.
 
 # %%
-from parlab.plots.pipeline import gantt_figure
+from parlab.viz.plots import gantt_figure
 
 sims = [simulate(schedule(name, 4, 4, 2 if name == "interleaved" else 1))
         for name in ("naive", "book", "gpipe", "1f1b", "interleaved")]
@@ -233,7 +233,7 @@ print(comparison_table(compare(stages=4, microbatches=8, chunks=2)))
 # table says so.
 
 # %%
-from parlab.widgets.pipeline import compare_explorer
+from parlab.viz.widgets import compare_explorer
 
 compare_explorer(stages=4, microbatches=8, chunks=2)
 
@@ -250,7 +250,7 @@ compare_explorer(stages=4, microbatches=8, chunks=2)
 
 # %%
 from parlab.pipeline import pipeline_data_parallel
-from parlab.plots.pipeline import sync_figure
+from parlab.viz.plots import sync_figure
 
 hybrid = pipeline_data_parallel(schedule("book", stages=2, microbatches=2), replicas=2)
 print(hybrid.report())
@@ -275,13 +275,12 @@ print(pipeline_data_parallel(schedule("book", stages=4, microbatches=2), replica
 # with ours (idle steps left out).
 
 # %%
-from parlab.pipeline import torch_pipelining
-from parlab.pipeline_hybrid import our_action_order
+from parlab.pipeline import our_action_order, torch_pipelining
 
 torch_runs = torch_pipelining(("gpipe", "1f1b"), stages=4, microbatches=4)
 for kind, theirs in torch_runs.items():
     print(f"{kind}: largest gradient difference from our executor below 1e-6: "
-          f"{theirs.matches(runs[kind]) < 1e-6}")  # runs: our executor's, from section 4
+          f"{theirs.difference(runs[kind]) < 1e-6}")  # runs: our executor's, from section 4
 
 # %% [markdown]
 # The order of actions on each rank, PyTorch's plan beside ours. (This output depends on

@@ -49,7 +49,7 @@
 # model whose parameters add up to the same total):
 
 # %%
-from parlab import tp_counting as counting
+from parlab.tensor_parallel import counting
 
 counts = counting.gpt3_counts()
 for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", "total"):
@@ -64,8 +64,8 @@ for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", 
 # are computed from the same configuration:
 
 # %%
-from parlab.plots import show
-from parlab.plots.transformer import local_qkv_figure, transformer_figure
+from parlab.viz import show
+from parlab.viz.plots import local_qkv_figure, transformer_figure
 
 show(transformer_figure())
 
@@ -76,16 +76,16 @@ show(transformer_figure())
 # gradients and optimizer state join it, and the whole model is far beyond 80 GB.
 #
 # Splitting every layer `tp` ways divides most of that. Here are the parameter bytes one
-# GPU keeps (from `parlab.memory.estimate`, Megatron's layout). Pick another model or
+# GPU keeps (from `parlab.memory`, Megatron's layout). Pick another model or
 # precision below the figure:
 
 # %%
-from parlab.widgets.tensor_parallel import memory_explorer
+from parlab.viz.widgets import shard_memory_explorer
 
 for row in counting.parameter_memory(degrees=(1, 2, 4, 8)):
     print(f"tp={row['tp']}: {row['parameters']:>15,} parameters, {row['bytes'] / 1e9:6.1f} GB "
           f"in fp16; fits in 80 GB: {row['fits_80GB']}")
-memory_explorer()
+shard_memory_explorer()
 
 # %% [markdown]
 # Parameters alone still need 8 GPUs at fp16; training adds gradients, optimizer state and
@@ -125,7 +125,7 @@ show(local_qkv_figure())
 # %% [markdown]
 # ## 2. Cutting tensors: who owns which slice
 #
-# `parlab.sharding.plan` decides who owns which slice of a tensor and returns a
+# `parlab.tensor_parallel.shard_spec` decides who owns which slice of a tensor and returns a
 # `ShardSpec` per rank that prints itself. The same specs cut the tensors, glue them back,
 # and label the figures, so the picture, the code and the tests cannot disagree.
 #
@@ -134,12 +134,12 @@ show(local_qkv_figure())
 # are the **rows** of `weight`, one row per output feature. GPT-3's W_Q on 8 GPUs, by heads:
 
 # %%
-from parlab.sharding import describe, merge, plan, split
+from parlab.tensor_parallel import describe, merge, shard_spec, split
 
 gpus = [f"GPU{r}" for r in range(8)]
-print(describe(plan("W_Q", (12288, 12288), "heads", 8, n_heads=96, owners=gpus)[:3]))
+print(describe(shard_spec("W_Q", (12288, 12288), "heads", 8, n_heads=96, owners=gpus)[:3]))
 print("...")
-print(describe(plan("E", (50257, 12288), "vocab", 8)[-2:]))
+print(describe(shard_spec("E", (50257, 12288), "vocab", 8)[-2:]))
 
 # %% [markdown]
 # The vocabulary (50257 tokens) does not divide by 8, so the ranges are balanced: the first
@@ -149,7 +149,7 @@ print(describe(plan("E", (50257, 12288), "vocab", 8)[-2:]))
 import torch
 
 t = torch.arange(24.0).view(4, 6)
-specs = plan("W", t.shape, "columns", 3)
+specs = shard_spec("W", t.shape, "columns", 3)
 pieces = split(t, specs)
 print([tuple(p.shape) for p in pieces], "merged back equal:", torch.equal(merge(pieces, specs), t))
 
@@ -158,8 +158,8 @@ print([tuple(p.shape) for p in pieces], "merged back equal:", torch.equal(merge(
 # choices that would work:
 
 # %%
-for bad in (lambda: plan("W_Q", (12288, 12288), "heads", 5, n_heads=96),
-            lambda: plan("W_out", (2, 4), "neurons", 4)):
+for bad in (lambda: shard_spec("W_Q", (12288, 12288), "heads", 5, n_heads=96),
+            lambda: shard_spec("W_out", (2, 4), "neurons", 4)):
     try:
         bad()
     except ValueError as err:
@@ -182,7 +182,7 @@ for bad in (lambda: plan("W_Q", (12288, 12288), "heads", 5, n_heads=96),
 # Both on 3 ranks, with an 11-token vocabulary, against `nn.Embedding` on one device:
 
 # %%
-from parlab.tp_layer_runs import run_embedding
+from parlab.tensor_parallel import run_embedding
 
 embeddings = {kind: run_embedding(kind, vocab=11, world_size=3, backend="toy")
               for kind in ("broadcast", "vocab")}
@@ -212,10 +212,10 @@ for c in embeddings.values():
 # need, so nothing moves between the two matrices. Each direction has one all-reduce: the
 # forward pass adds the partial outputs of B; the backward pass adds the partial input
 # gradients of A (the "identity / all-reduce" pair of `copy_to_region` and
-# `reduce_from_region` in `parlab.tp_comm`).
+# `reduce_from_region` in `parlab.tensor_parallel.mappings`).
 
 # %%
-from parlab.tp_layer_runs import run_mlp
+from parlab.tensor_parallel import run_mlp
 
 mlp = run_mlp(d_model=8, d_ff=32, batch=2, seq=4, backend="toy")
 print(mlp.summary())
@@ -234,7 +234,7 @@ print(mlp.traffic_table())
 # everything the layer's forward and backward passes put on the wire.
 
 # %%
-from parlab.widgets.tensor_parallel import strategy_explorer
+from parlab.viz.widgets import strategy_explorer
 
 strategy_explorer(batch=8, c_in=64, c_out=128)
 
@@ -255,8 +255,8 @@ strategy_explorer(batch=8, c_in=64, c_out=128)
 # and 2 heads (dashed):
 
 # %%
-from parlab.plots import show
-from parlab.plots.tensor_parallel import qkv_sharding_figure
+from parlab.viz import show
+from parlab.viz.plots import qkv_sharding_figure
 
 show(qkv_sharding_figure(d_model=8, n_heads=2, ranks=2))
 
@@ -330,7 +330,7 @@ print("logged by the toy backend:  ", attention["pytorch"].total_bytes())
 # as the toy backend logged them:
 
 # %%
-from parlab.plots.tensor_parallel import attention_bytes_figure, book_attention_figure
+from parlab.viz.plots import attention_bytes_figure, book_attention_figure
 
 show(book_attention_figure(attention["book"]))
 
@@ -379,7 +379,7 @@ print("backward bytes, all-reduce:", attention["book"].total_bytes()["backward"]
 # `d_model = 12288`, 8 GPUs, fp16. Change the sizes below the figure:
 
 # %%
-from parlab.widgets.tensor_parallel import attention_explorer
+from parlab.viz.widgets import attention_explorer
 
 attention_explorer()
 
@@ -393,7 +393,7 @@ attention_explorer()
 # by server, which gives exactly the figure's names:
 
 # %%
-from parlab.tp_ffn import layout
+from parlab.tensor_parallel import layout
 
 for place in layout((4, 6, 4, 2), tensor=2):
     print(place)
@@ -411,11 +411,11 @@ for place in layout((4, 6, 4, 2), tensor=2):
 # the pipeline, chapter 03, their gradients would be summed too.)
 #
 # Batch of 4 context vectors in 2 micro-batches, compared with the same network
-# (`parlab.layers.BookMLP`) on one device:
+# (`parlab.models.BookMLP`) on one device:
 
 # %%
 from parlab.tensor_parallel import run_ffn
-from parlab.topology import figure_8_19
+from parlab.comm import figure_8_19
 
 ffn = run_ffn(sizes=(4, 6, 4, 2), tensor=2, batch=4, micro_batches=2, backend="toy")
 print(ffn.summary())
@@ -431,18 +431,18 @@ for phase, log in ffn.traffic.items():
 # draws each link with its bytes:
 
 # %%
-from parlab.plots.tensor_parallel import ffn_figure
+from parlab.viz.plots import ffn_figure
 
 show(ffn_figure(ffn))
 
 # %% [markdown]
 # How long would these transfers take on real links? `TrafficLog.time` applies the
-# alpha-beta model of `parlab.traffic` (NVLink at 450 GB/s, NICs at 100 or 400 Gb/s, plus a
+# alpha-beta model of `parlab.comm` (NVLink at 450 GB/s, NICs at 100 or 400 Gb/s, plus a
 # latency per message; the messages of one step of a collective run at the same time,
 # steps one after another). Each type of link is timed on its own here:
 
 # %%
-from parlab.traffic import TrafficLog
+from parlab.comm import TrafficLog
 
 for gbps in (100, 400):
     c = figure_8_19(nic_gbps=gbps)

@@ -42,12 +42,12 @@
 # The slides' example is a convolutional network: a stack of convolutions that slide small
 # filters over large images, followed by fully connected layers. Their claim: the
 # convolutions do 90-95 % of the computation with about 5 % of the parameters, and the fully
-# connected layers the reverse. `parlab.cnn` measures a small CNN (five 3x3 convolutions and
+# connected layers the reverse. `parlab.models.cnn` measures a small CNN (five 3x3 convolutions and
 # two fully connected layers, on 3 x 32 x 32 images) on a real training step: FLOPs with
 # PyTorch's `FlopCounterMode`, parameters by counting, tensor sizes with hooks.
 
 # %%
-from parlab.cnn import SmallCNN, communication_per_layer, profile, share_by_kind
+from parlab.models import SmallCNN, communication_per_layer, profile, share_by_kind
 
 profiles = profile(SmallCNN(), (3, 32, 32), batch=8)
 print(f"{'layer':<6} {'kind':<5} {'parameters':>11} {'MFLOP (fwd+bwd)':>16} {'in':>7} {'out':>7}")
@@ -80,7 +80,7 @@ for r in communication_per_layer(profiles, batch=8):
 # a layer still pays:
 
 # %%
-from parlab.planner_cnn import assignment_bytes, crossover_batch
+from parlab.hybrid import assignment_bytes, crossover_batch
 
 for layer in ("conv5", "fc1", "fc2"):
     print(f"{layer}: splitting moves fewer bytes up to batch {crossover_batch(profiles, layer):,}")
@@ -97,15 +97,15 @@ for batch in (8, 512):
                                          for (c, f), n in costs.items()))
 
 # %%
-from parlab.plots import show
-from parlab.plots.planner import cnn_figure
+from parlab.viz import show
+from parlab.viz.plots import cnn_figure
 
 show(cnn_figure(profiles, batch=8, layer="conv5"))
 
 # %% [markdown]
 # ### The hybrid, for real
 #
-# `parlab.cnn_hybrid.hybrid_step` runs the recipe on real ranks. Each rank keeps the whole
+# `parlab.hybrid.hybrid_step` runs the recipe on real ranks. Each rank keeps the whole
 # (small) convolution stack and runs it on its own quarter or half of the batch; the ranks
 # all-gather the features so that each can feed the whole batch to its slice of `fc1`
 # (split by output neurons) and `fc2` (split by input neurons, then an all-reduce of the
@@ -115,7 +115,7 @@ show(cnn_figure(profiles, batch=8, layer="conv5"))
 # measured above, so that it runs in a moment.)
 
 # %%
-from parlab.planner_cnn import hybrid_traffic
+from parlab.hybrid import hybrid_traffic
 
 for ranks in (2, 4):
     hybrid = hybrid_traffic(ranks, batch=8)
@@ -133,7 +133,7 @@ for ranks in (2, 4):
 # parallel counts and the link model (04), and the CNN above.
 
 # %%
-from parlab.planner_summary import summary_table, summary_text
+from parlab.hybrid import summary_table, summary_text
 
 print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
 
@@ -144,15 +144,15 @@ print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
 #
 # ## 3. A planner for data x tensor x pipeline
 #
-# `parlab.planner.plan(config, gpus=, gpu_memory_gb=)` goes through every way to write the
+# `parlab.hybrid.plan(config, gpus=, gpu_memory_gb=)` goes through every way to write the
 # GPU count as dp x tp x pp, and every number of micro-batches m. For each it asks:
 #
-# * **Does it fit?** Memory on the busiest GPU from `parlab.memory.estimate` (chapter 01):
+# * **Does it fit?** Memory on the busiest GPU from `parlab.memory` (chapter 01):
 #   bf16 weights and gradients, fp32 master weights and Adam moments, and the activations
 #   of the micro-batches in flight (1F1B: up to pp of them on the first stage).
 # * **How long is a step?** Compute: 6 x parameters x tokens FLOPs, shared by all GPUs, at
 #   989 TFLOP/s (an H100's dense bf16 peak) x 40 %. Pipeline bubble: a step of m
-#   micro-batches lasts m + pp - 1 slots. Communication, from `parlab.traffic`'s alpha-beta
+#   micro-batches lasts m + pp - 1 slots. Communication, from `parlab.comm.cost`'s alpha-beta
 #   model on the links the ranks land on: tensor-parallel all-reduces (four per block and
 #   micro-batch), pipeline sends between stages, one gradient all-reduce per stage across
 #   the replicas. Nothing is overlapped with compute, which makes the model simple and a
@@ -164,7 +164,7 @@ print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
 # memory sizes and link speeds. Faded bars are layouts that do not fit.
 
 # %%
-from parlab.widgets.planner import planner_explorer
+from parlab.viz.widgets import planner_explorer
 
 planner_explorer()
 
@@ -176,7 +176,7 @@ planner_explorer()
 # fails on memory alone, even with a single sequence per micro-batch:
 
 # %%
-from parlab.planner import plan, search
+from parlab.hybrid import plan, search
 
 found = search("GPT-3 175B", 1024, 80)
 for r in found.rejected:
@@ -210,14 +210,14 @@ print("links per group:", best.links)
 # their gradient all-reduce stays on NVLink.
 
 # %%
-from parlab.plots.planner import placement_figure
+from parlab.viz.plots import placement_figure
 
 show(placement_figure(2, 4, 4))
 
 # %% [markdown]
 # ## 4. A 3D-parallel job, for real
 #
-# The planner never runs anything. `parlab.parallel3d` runs the smallest interesting layout:
+# The planner never runs anything. `parlab.hybrid.run_3d` runs the smallest interesting layout:
 # 8 ranks = data 2 x tensor 2 x pipeline 2, on a small GPT built by `parlab.models` (4
 # blocks, d_model 32, 4 heads). Each of the two pipeline stages holds two blocks; inside a
 # stage, attention and MLP are split across two ranks as Megatron does (chapter 04); the
@@ -234,7 +234,7 @@ show(placement_figure(2, 2, 2, gpus_per_server=2))
 # together and every parameter is compared, for both replicas.
 
 # %%
-from parlab.parallel3d import run_3d
+from parlab.hybrid import run_3d
 
 print(run_3d(backend="gloo").report())
 job = run_3d(backend="toy")
@@ -247,7 +247,7 @@ print(job.report())
 # through a rail switch, and nothing needs the spine.
 
 # %%
-from parlab.plots.planner import traffic_3d_figure
+from parlab.viz.plots import traffic_3d_figure
 
 print(job.traffic_table())
 show(traffic_3d_figure(job))
@@ -266,7 +266,7 @@ show(traffic_3d_figure(job))
 # **Exercise 05.1.** GPT-3 175B on 1,024 GPUs of 80 GB, tp = 8, 1F1B, one sequence per
 # micro-batch. Which part of the busiest GPU's memory stays the same whether pp is 8, 16 or
 # 32? Answer with a part name of `parlab.memory.Breakdown`, such as `"parameters"`. (Try
-# `parlab.planner.evaluate("GPT-3 175B", dp, 8, pp, microbatches=...)`.)
+# `parlab.hybrid.evaluate("GPT-3 175B", dp, 8, pp, microbatches=...)`.)
 
 # %%
 from parlab.exercises import check
@@ -308,4 +308,4 @@ check("05.4", answer_05_4)
 # (which removes most of the activation memory for a third more compute), sharded optimizer
 # states (ZeRO), overlap of communication with computation, interleaved pipeline schedules,
 # and contention between groups that share a NIC. Each is a change to one function of
-# `parlab.planner` and a new column in its table: a good project to start from.
+# `parlab.hybrid.planner` and a new column in its table: a good project to start from.

@@ -1,22 +1,26 @@
 """The book's plumbing: notebook pairs, exercise checkers and the figure registry."""
+from pathlib import Path
+
 import pytest
 
 from parlab import book, figures
+
+CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
 from parlab.exercises import Verdict, check, list_exercises
 
 
 def test_every_notebook_has_an_identical_py_pair():
-    assert book.chapters(), "no chapter notebooks found"
-    assert book.unpaired() == []
+    assert book.chapters(CHAPTERS), "no chapter notebooks found"
+    assert book.unpaired(CHAPTERS) == []
 
 
 def test_a_changed_pair_is_detected(tmp_path):
     (tmp_path / "chapters").mkdir()
-    source = book.repo_root() / "chapters" / "00_getting_started.ipynb"
+    source = CHAPTERS / "00_getting_started.ipynb"
     (tmp_path / "chapters" / source.name).write_bytes(source.read_bytes())
     (tmp_path / "chapters" / "00_getting_started.py").write_text("# %%\nprint('edited')\n")
     (tmp_path / "chapters" / "99_orphan.py").write_text("# %%\n")
-    problems = book.unpaired(tmp_path)
+    problems = book.unpaired(tmp_path / "chapters")
     assert any("differ" in p for p in problems) and any("no notebook" in p for p in problems)
 
 
@@ -108,10 +112,16 @@ def test_figures_command_lists_and_filters(capsys, tmp_path):
 
 
 def test_html_edition_has_every_chapter_with_figures(tmp_path):
-    index = book.to_html(tmp_path)
+    index = book.to_html(tmp_path, CHAPTERS)
     pages = sorted(tmp_path.glob("[0-9][0-9]_*.html"))
-    assert [p.stem for p in pages] == [nb.stem for nb in book.chapters()]
+    assert [p.stem for p in pages] == [nb.stem for nb in book.chapters(CHAPTERS)]
     for page in pages:
         text = page.read_text()
         assert page.name in index.read_text()
         assert "<img" in text and "contents</a>" in text
+
+
+def test_book_tool_without_a_chapters_folder_says_so(tmp_path, capsys):
+    assert book.main(["check", "--chapters", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "no chapters folder at" in err and "--chapters DIR" in err and "Traceback" not in err

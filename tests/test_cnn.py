@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from parlab.cnn import SmallCNN, communication_per_layer, profile, share_by_kind
+from parlab.models import SmallCNN, communication_per_layer, profile, share_by_kind
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,8 @@ def test_bad_batch_is_a_clear_error():
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_hybrid_data_and_tensor_parallel_step_equals_one_process(world_size):
-    from parlab.cnn_hybrid import hybrid_step, reference_step
+    from parlab.hybrid import hybrid_step
+    from parlab.hybrid.cnn_step import reference_step
     from parlab.launch import run
 
     reference = reference_step(batch=8)
@@ -83,7 +84,7 @@ def test_hybrid_data_and_tensor_parallel_step_equals_one_process(world_size):
 
 
 def test_hybrid_rejects_a_batch_that_does_not_split():
-    from parlab.cnn_hybrid import hybrid_step
+    from parlab.hybrid import hybrid_step
     from parlab.launch import RankError, run
     with pytest.raises(RankError, match="does not split over 4 ranks"):
         run(hybrid_step, 4, 6)

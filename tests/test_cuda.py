@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from parlab import memory
 from parlab.launch import rank_device, run
-from parlab.layers import BookMLP
-from parlab.traffic import run_with_traffic
+from parlab.models import BookMLP
+from parlab.comm import run_with_traffic
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (run on the project's device machine)")
@@ -35,10 +35,11 @@ def test_one_rank_per_gpu_uses_nccl_on_its_own_gpu():
 
 
 def _gloo_on_one_gpu():
-    t = torch.full((4,), float(dist.get_rank() + 1), device="cuda:0")
+    mine = float(dist.get_rank() + 1)
+    t = torch.full((4,), mine, device="cuda:0")
     dist.all_reduce(t)
     pieces = [torch.empty(2, device="cuda:0") for _ in range(dist.get_world_size())]
-    dist.all_gather(pieces, t[:2].contiguous())
+    dist.all_gather(pieces, torch.full((2,), mine, device="cuda:0"))  # each rank's own value
     return t.device.type, t.cpu().tolist(), [p.cpu().tolist() for p in pieces]
 
 

@@ -6,9 +6,10 @@ import torch.distributed as dist
 from parlab import data_parallel as dp
 from parlab.exercises import check
 from parlab.launch import RankError, run
-from parlab.plots.data_parallel import (FIGURE_8_2, bucketing_table, gradient_bytes,
-                                        layer_traffic, measure_traffic, run_figure_8_2)
-from parlab.traffic import allreduce_bytes_per_rank
+from parlab.data_parallel import (
+    FIGURE_8_2, bucketing_table, gradient_bytes, layer_traffic, measure_traffic, run_figure_8_2
+)
+from parlab.comm import allreduce_bytes_per_rank
 
 BACKENDS = ["gloo", "toy"]
 SPEC = dp.TrainSpec(steps=4, momentum=0.9, lr=0.05)

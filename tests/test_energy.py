@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from parlab.energy import expected_waste, failure_cost, training_cost, young_interval
+from parlab.memory import expected_waste, failure_cost, training_cost, young_interval
 
 
 def test_the_books_example():
@@ -82,7 +82,7 @@ def test_exercises_01_3_and_01_4_accept_the_right_answer_and_never_print_it():
 def test_energy_widget_prints_the_bill(capsys):
     import matplotlib
     matplotlib.use("Agg", force=True)
-    from parlab.widgets.memory import draw_energy
+    from parlab.viz.widgets.memory import draw_energy
 
     fig = draw_energy(50_000, 350, 60, 0.10, 8, 10)
     out = capsys.readouterr().out

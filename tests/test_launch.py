@@ -117,7 +117,7 @@ def test_bad_arguments_say_what_is_valid(bad, match):
 
 def test_nccl_without_enough_gpus_is_a_clear_error():
     # 64 ranks is more GPUs than any machine here has; without NCCL the message says so instead
-    match = "one GPU per rank" if launch._backend_usable("nccl") else "not usable here"
+    match = "one GPU per rank" if launch.backends.backend_usable("nccl") else "not usable here"
     with pytest.raises(ValueError, match=match):
         run(_rank_and_sum, 64, 0, backend="nccl")
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from parlab.layers import BookMLP, book_table, held_bytes
+from parlab.models import BookMLP, book_table, held_bytes
 
 
 def _data(sizes, batch=6, seed=1, dtype=torch.float64):

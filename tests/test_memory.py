@@ -4,8 +4,8 @@ import math
 import pytest
 
 from parlab import memory
-from parlab.layers import BookMLP
-from parlab.models import GPT3_175B, TINY, count_parameters
+from parlab.units import GB
+from parlab.models import GPT3_175B, TINY, BookMLP, count_parameters
 
 SMALL_TRANSFORMER = TINY.replace(name="small", d_model=64, n_layers=3, n_heads=4, d_ff=256,
                                  vocab=256, context=64)
@@ -78,7 +78,7 @@ def test_a_split_divides_the_model_state():
 def test_min_gpus_for_gpt3():
     plan = memory.min_gpus(GPT3_175B, (8, 2048), "adam", "bf16", gpu_memory_gb=80)
     state = 16 * count_parameters(GPT3_175B)["total"]
-    assert plan.gpus >= math.ceil(state / (80 * memory.GB)) == 35
+    assert plan.gpus >= math.ceil(state / (80 * GB)) == 35
     assert plan.gpus == plan.dp * plan.tp * plan.pp and plan.breakdown.fits
     assert plan.ideal <= plan.gpus
     smaller = memory.estimate(GPT3_175B, (8, 2048), "adam", "bf16", dp=plan.dp, tp=plan.tp,
@@ -125,7 +125,7 @@ def test_exercises_01_1_and_01_2_accept_the_right_answer_and_never_print_it():
 
     assert check("01.1", 12).ok is True
     state = 16 * count_parameters(GPT3_175B)["total"]
-    gpus = math.ceil(state / (80 * memory.GB))
+    gpus = math.ceil(state / (80 * GB))
     assert check("01.2", gpus).ok is True
     for exercise_id, wrong, answer in (("01.1", 6, "12"), ("01.1", 24, "12"),
                                        ("01.2", gpus - 1, str(gpus)), ("01.2", 5, str(gpus))):
@@ -137,7 +137,7 @@ def test_chapter_figures_and_calculator_widget_draw(tmp_path, capsys):
     import matplotlib
     matplotlib.use("Agg", force=True)
     from parlab import figures
-    from parlab.widgets.memory import draw_memory
+    from parlab.viz.widgets.memory import draw_memory
 
     names = [n for n in figures.registry() if n.startswith(("fig-8-01", "fig-01"))]
     assert {"fig-8-01-gpu-memory", "fig-01-memory-bar"} <= set(names)

@@ -2,8 +2,10 @@
 import pytest
 import torch
 
-from parlab.models import (CONFIGS, GPT2_SMALL, GPT3_175B, TINY, TransformerConfig, build_model,
-                           count_parameters, get_config)
+from parlab.models import (
+    CONFIGS, GPT2_SMALL, GPT3_175B, TINY, TransformerConfig, build_model, count_parameters,
+    get_config
+)
 
 
 def test_gpt3_counts_match_the_book():

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from parlab.launch import RankError, run
-from parlab.parallel3d import CONFIG, make_batch, rank_step, run_3d
-from parlab.planner_cnn import crossover_batch, hybrid_traffic
-from parlab.tp_counting import ring_wire_bytes
+from parlab.hybrid.parallel3d import CONFIG, make_batch, rank_step
+from parlab.hybrid import crossover_batch, hybrid_traffic, run_3d
+from parlab.comm import ring_wire_bytes
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_cnn_hybrid_on_toy_equals_one_process_and_splits_its_bytes(world_size):
 
 
 def test_crossover_batch_is_where_splitting_stops_paying():
-    from parlab.cnn import SmallCNN, communication_per_layer, profile
+    from parlab.models import SmallCNN, communication_per_layer, profile
     profiles = profile(SmallCNN(), (3, 32, 32), batch=1)
     lines = {p.name: crossover_batch(profiles, p.name) for p in profiles}
     assert lines["conv1"] == 0 and lines["fc1"] > 1000 and 8 < lines["conv5"] < 64

@@ -6,10 +6,8 @@ import pytest
 
 from parlab import memory
 from parlab.exercises import check
-from parlab.pipeline import (Action, compare, comparison_table, describe_step, errata, execute,
-                             from_order, schedule, simulate)
-from parlab.pipeline_book import BOOK_ACTIVE_PERCENT
-from parlab.pipeline_exec import Network
+from parlab.pipeline import Action, compare, comparison_table, from_order, schedule
+from parlab.pipeline import BOOK_ACTIVE_PERCENT, describe_step, errata, execute, Network, simulate
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +170,7 @@ def test_step_figure_and_gantt_draw_any_schedule():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from parlab.plots.pipeline import step_caption, step_figure
+    from parlab.viz.plots import step_caption, step_figure
     for name, p, m, v in [("book", 4, 4, 1), ("interleaved", 2, 4, 2), ("naive", 3, 2, 1)]:
         sim = simulate(schedule(name, p, m, v))
         fig = step_figure(sim, 2)
@@ -184,7 +182,7 @@ def test_step_figure_and_gantt_draw_any_schedule():
 def test_step_explorer_redraws_with_the_active_percentage(capsys):
     import matplotlib
     matplotlib.use("Agg")
-    from parlab.widgets.pipeline import step_explorer
+    from parlab.viz.widgets import step_explorer
 
     explorer = step_explorer()
     assert "Time step 1 of 11 (book): A1 busy; 25% active" in capsys.readouterr().out

@@ -5,12 +5,12 @@ import math
 import pytest
 
 from parlab import memory
+from parlab.units import GB
 from parlab.models import CONFIGS, GPT3_175B, count_parameters
-from parlab.planner import Assumptions, bubble_fraction, evaluate, plan, search, table
-from parlab.planner_placement import (GROUP_KINDS, cluster, coordinates, group_links,
-                                      group_ranks, place, rank_of)
-from parlab.topology import nic, rail_optimized
-from parlab.traffic import allreduce_time
+from parlab.hybrid import Assumptions, bubble_fraction, evaluate, plan, search, table
+from parlab.comm import GROUP_KINDS, Mesh
+from parlab.hybrid import cluster, group_links, place
+from parlab.comm import allreduce_time, nic, rail_optimized
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_every_layout_fits_and_multiplies_to_the_gpu_count(model, gpus, gb):
     a = Assumptions()
     for lay in layouts:
         assert lay.dp * lay.tp * lay.pp == gpus
-        assert lay.fits and lay.memory_per_gpu_bytes <= gb * memory.GB
+        assert lay.fits and lay.memory_per_gpu_bytes <= gb * GB
         assert config.n_heads % lay.tp == 0 and lay.tp <= min(8, gpus)
         assert config.n_layers % lay.pp == 0
         assert a.global_batch % (lay.dp * lay.microbatches) == 0
@@ -42,14 +42,14 @@ def test_every_layout_fits_and_multiplies_to_the_gpu_count(model, gpus, gb):
 def test_gpt3_rejects_pure_data_parallelism_and_finds_tensor_parallel_servers(gpt3):
     pure = [r for r in gpt3.rejected if (r.dp, r.tp, r.pp) == (1024, 1, 1)]
     assert len(pure) == 1 and not pure[0].memory.fits
-    assert pure[0].memory.total > 30 * 80 * memory.GB  # the whole model state, on every GPU
+    assert pure[0].memory.total > 30 * 80 * GB  # the whole model state, on every GPU
     layouts = gpt3.ranked
     assert layouts and all(lay.tp > 1 for lay in layouts)
     assert all(lay.pp > 1 for lay in layouts)  # no tp alone holds it either (tp <= 8)
     topology = layouts[0].topology
     for lay in layouts:
         gpu_of = lay.placement()
-        for members in group_ranks("tensor", lay.dp, lay.tp, lay.pp):
+        for members in Mesh(dp=lay.dp, pp=lay.pp, tp=lay.tp).group_ranks("tensor"):
             assert len({topology.server(gpu_of[r]) for r in members}) == 1
         assert lay.links["tensor"] == "nvlink" and lay.links["pipeline"] == "rail"
 
@@ -106,14 +106,14 @@ def test_placement_puts_tensor_in_a_server_and_stages_along_a_rail():
     gpu_of, topology = place(dp, tp, pp), rail_optimized(4, 8)
     assert sorted(gpu_of) == list(range(32))
     for rank in range(32):
-        assert rank_of(*coordinates(rank, dp, tp, pp), tp, pp) == rank
-    for members in group_ranks("pipeline", dp, tp, pp):
+        assert Mesh(dp=dp, pp=pp, tp=tp).rank_at(*Mesh(dp=dp, pp=pp, tp=tp).coordinates(rank)) == rank
+    for members in Mesh(dp=dp, pp=pp, tp=tp).group_ranks("pipeline"):
         servers = [topology.server(gpu_of[r]) for r in members]
         assert servers == list(range(servers[0], servers[0] + pp))
         assert len({topology.rail(gpu_of[r]) for r in members}) == 1
     assert group_links(dp, tp, pp, topology) == {"tensor": "nvlink", "pipeline": "rail",
                                                  "data": "nvlink"}
-    assert sorted(len(g) for k in GROUP_KINDS for g in group_ranks(k, dp, tp, pp)) == \
+    assert sorted(len(g) for k in GROUP_KINDS for g in Mesh(dp=dp, pp=pp, tp=tp).group_ranks(k)) == \
         [2] * 16 + [4] * 16
 
 
@@ -141,7 +141,7 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="unknown model"):
         plan("GPT-5", 8)
     with pytest.raises(ValueError, match="rank must be in 0..7"):
-        coordinates(8, 2, 2, 2)
+        Mesh(dp=2, pp=2, tp=2).coordinates(8)
     with pytest.raises(ValueError, match=r"tp=16 does not divide the 8 GPUs of a server.*"
                                          r"valid tp: \[1, 2, 4, 8\]"):
         place(1, 16, 1)
@@ -158,7 +158,7 @@ def test_nothing_fits_is_an_empty_plan_with_reasons():
 
 def test_summary_table_rows_are_backed_by_computed_numbers():
     from parlab.pipeline import schedule, simulate
-    from parlab.planner_summary import summary_table, summary_text
+    from parlab.hybrid import summary_table, summary_text
     rows = {r.strategy: r for r in summary_table()}
     assert list(rows) == ["data", "model", "pipeline", "tensor"]
     data = rows["data"].numbers
@@ -193,7 +193,7 @@ def test_chapter_05_exercises_accept_the_computed_answers():
 def test_planner_explorer_draws_and_explains(capsys):
     import matplotlib
     matplotlib.use("Agg")
-    from parlab.widgets.planner import draw_plan
+    from parlab.viz.widgets.planner import draw_plan
     fig = draw_plan("GPT-3 13B", 64, 80, 200, 450)
     out = capsys.readouterr().out
     assert fig is not None and "fit." in out and "Time: a step takes" in out
@@ -206,7 +206,8 @@ def test_placement_and_layout_figures_draw():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from parlab import figures
-    from parlab.plots.planner import candidates, layouts_figure, placement_figure
+    from parlab.viz.plots.planner import candidates
+    from parlab.viz.plots import layouts_figure, placement_figure
     assert {"fig-05-planner-layouts", "fig-05-rank-placement", "fig-05-cnn-compute-vs-params",
             "fig-05-3d-traffic"} <= set(figures.registry())
     found = search("GPT-3 13B", 64, 80)

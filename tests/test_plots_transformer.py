@@ -2,7 +2,8 @@
 import torch
 
 from parlab.models import GPT3_175B, count_parameters
-from parlab.plots.transformer import qkv_example, transformer_figure
+from parlab.viz.plots.transformer import qkv_example
+from parlab.viz.plots import transformer_figure
 
 
 def test_figure_8_16_shows_what_the_model_computes():

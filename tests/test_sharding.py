@@ -1,15 +1,16 @@
-"""parlab.sharding: who owns which slice, printed, cut and glued back, with clear errors."""
+"""parlab.tensor_parallel.sharding: who owns which slice, printed, cut and glued back, with clear errors."""
 import pytest
 import torch
 
-from parlab.sharding import (balanced_ranges, check_degree, describe, divisors, even_ranges,
-                             merge, plan, split)
+from parlab.tensor_parallel import (
+    balanced_ranges, check_degree, describe, divisors, even_ranges, merge, shard_spec, split
+)
 
 
 def test_rows_and_columns_cut_and_merge_back():
     t = torch.arange(48.0).view(6, 8)
     for kind, dim in (("rows", 0), ("columns", 1)):
-        specs = plan("W", t.shape, kind, 2)
+        specs = shard_spec("W", t.shape, kind, 2)
         pieces = split(t, specs)
         assert [s.dim for s in specs] == [dim, dim]
         assert pieces[0].shape == specs[0].local_shape
@@ -18,13 +19,13 @@ def test_rows_and_columns_cut_and_merge_back():
 
 
 def test_heads_are_whole_and_printed():
-    specs = plan("W_Q", (8, 8), "heads", 2, n_heads=4, owners=["A1", "A2"])
+    specs = shard_spec("W_Q", (8, 8), "heads", 2, n_heads=4, owners=["A1", "A2"])
     assert [(s.start, s.stop) for s in specs] == [(0, 4), (4, 8)]
     assert specs[1].units == (2, 4)
     text = describe(specs)
     assert "W_Q rank 0 (A1): heads 0-1 of 4 [dim 0, 0:4] -> local (4, 8)" in text
     q = torch.randn(2, 3, 8)  # an activation: heads along the last dim
-    specs = plan("Q", q.shape, "heads", 4, n_heads=4, dim=-1)
+    specs = shard_spec("Q", q.shape, "heads", 4, n_heads=4, dim=-1)
     assert all(s.local_shape == (2, 3, 2) for s in specs)
     assert torch.equal(merge(split(q, specs), specs), q)
     assert "head 3" in str(specs[3])
@@ -36,19 +37,19 @@ def test_vocabulary_ranges_are_balanced_when_the_vocabulary_does_not_divide():
     assert ranges[0][0] == 0 and ranges[-1][1] == 50257
     assert max(sizes) - min(sizes) == 1 and sum(sizes) == 50257
     table = torch.randn(11, 3)
-    specs = plan("E", table.shape, "vocab", 3)
+    specs = shard_spec("E", table.shape, "vocab", 3)
     assert [s.local_shape[0] for s in specs] == [4, 4, 3]
     assert torch.equal(merge(split(table, specs), specs), table)
     assert "token ids 0-3 of 11" in str(specs[0])
 
 
 def test_neurons_split_like_figure_8_19_and_biases_follow():
-    specs = plan("W H1", (6, 4), "neurons", 2, owners=["A1", "B1"])
+    specs = shard_spec("W H1", (6, 4), "neurons", 2, owners=["A1", "B1"])
     assert [(s.start, s.stop, s.owner) for s in specs] == [(0, 3, "A1"), (3, 6, "B1")]
     bias = specs[1].bias()
     assert bias.shape == (6,) and (bias.start, bias.stop) == (3, 6) and bias.local_shape == (3,)
     with pytest.raises(ValueError, match="its bias is not split"):
-        plan("W_O", (6, 4), "columns", 2)[0].bias()
+        shard_spec("W_O", (6, 4), "columns", 2)[0].bias()
     assert str(specs[1]).startswith("W H1 rank 1 (B1): neurons 3-5 of 6")
 
 
@@ -56,23 +57,23 @@ def test_bad_degrees_name_the_value_and_the_valid_ones():
     with pytest.raises(ValueError,
                        match=r"degree 3 does not divide the 8 heads; "
                              r"valid degrees: \[1, 2, 4, 8\]"):
-        plan("W_Q", (64, 64), "heads", 3, n_heads=8)
+        shard_spec("W_Q", (64, 64), "heads", 3, n_heads=8)
     with pytest.raises(ValueError, match="3 ranks for 2 neurons: more ranks than neurons"):
-        plan("W", (2, 4), "neurons", 3)
+        shard_spec("W", (2, 4), "neurons", 3)
     with pytest.raises(ValueError, match="more ranks than token ids"):
-        plan("E", (3, 4), "vocab", 4)
+        shard_spec("E", (3, 4), "vocab", 4)
     with pytest.raises(ValueError, match="positive integer"):
         check_degree(0, 8, "heads")
     with pytest.raises(ValueError, match="unknown kind"):
-        plan("W", (4, 4), "diagonal", 2)
+        shard_spec("W", (4, 4), "diagonal", 2)
     with pytest.raises(ValueError, match="needs n_heads"):
-        plan("W", (4, 4), "heads", 2)
+        shard_spec("W", (4, 4), "heads", 2)
     assert even_ranges(6, 3) == [(0, 2), (2, 4), (4, 6)] and divisors(12) == [1, 2, 3, 4, 6, 12]
 
 
 def test_merge_rejects_pieces_that_do_not_fit():
     t = torch.randn(4, 6)
-    specs = plan("W", t.shape, "columns", 2)
+    specs = shard_spec("W", t.shape, "columns", 2)
     pieces = split(t, specs)
     with pytest.raises(ValueError, match="piece has shape"):
         merge([pieces[0], pieces[1][:, :2]], specs)

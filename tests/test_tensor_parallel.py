@@ -1,13 +1,14 @@
 """Tensor-parallel layers and attention: equal to one device (outputs and gradients), and the
-bytes the toy backend logs equal the formulas of parlab.tp_counting."""
+bytes the toy backend logs equal the formulas of parlab.tensor_parallel.counting."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from parlab import tp_counting as counting
+from parlab.comm import ring_wire_bytes
+from parlab.tensor_parallel import counting
 from parlab.launch import run
 from parlab.tensor_parallel import collective_wire_bytes, run_attention
-from parlab.tp_layer_runs import run_embedding, run_layer_strategy, run_mlp
+from parlab.tensor_parallel import run_embedding, run_layer_strategy, run_mlp
 
 BACKENDS = ["gloo", "toy"]
 
@@ -23,8 +24,8 @@ def assert_matches(comparison):
 
 
 def _comm_rank():
-    """Each conjugate pair of parlab.tp_comm on a small tensor; returns the input gradients."""
-    from parlab import tp_comm
+    """Each conjugate pair of parlab.tensor_parallel.mappings on a small tensor; returns the input gradients."""
+    from parlab.tensor_parallel import mappings as tp_comm
     r, n = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(0)
     full = torch.randn(3, 4, generator=g)  # the same tensor on every rank
@@ -129,8 +130,8 @@ def test_attention_bad_degrees_are_clear_errors():
 
 
 def test_reference_attention_is_the_models_attention():
-    from parlab.models import Attention
-    from parlab.tp_attention import SelfAttention
+    from parlab.models.transformer import Attention
+    from parlab.tensor_parallel import SelfAttention
     torch.manual_seed(3)
     theirs = Attention(8, 2)
     ours = SelfAttention.from_module(theirs)
@@ -190,4 +191,4 @@ def test_strategy_errors():
     with pytest.raises(ValueError, match="unknown strategy"):
         run_layer_strategy("pipeline")
     with pytest.raises(ValueError, match="no formula"):
-        counting.ring_wire_bytes("gossip", 8, 2)
+        ring_wire_bytes("gossip", 8, 2)

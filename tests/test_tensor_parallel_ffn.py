@@ -2,10 +2,10 @@
 exercises and figures."""
 import pytest
 
-from parlab import tp_counting as counting
-from parlab.tensor_parallel import run_ffn
-from parlab.topology import figure_8_19
-from parlab.tp_ffn import layout
+from parlab.comm import ring_wire_bytes
+from parlab.tensor_parallel import counting, run_ffn
+from parlab.comm import figure_8_19
+from parlab.tensor_parallel import layout
 
 
 def test_layout_is_the_figures():
@@ -60,7 +60,7 @@ def test_gpt3_counts_match_the_book():
 def test_slide_formulas():
     assert counting.slide_costs(8, 1024, 4096) == {
         "data": 1024 * 4096, "partition_output": 8 * 4096, "reduce_output": 8 * 1024}
-    assert counting.ring_wire_bytes("all_reduce", 100, 1) == 0
+    assert ring_wire_bytes("all_reduce", 100, 1) == 0
 
 
 def test_exercises_accept_right_answers_and_hide_them():

@@ -1,8 +1,8 @@
 """GPU names, servers, rails and link types of a rail-optimized cluster (Figure 8-19)."""
 import pytest
 
-from parlab import topology
-from parlab.topology import LinkSpec, figure_8_19, gpu_name, link_type, nic, rail_optimized, rank_of
+from parlab.comm import topology
+from parlab.comm import LinkSpec, figure_8_19, gpu_name, link_type, nic, rail_optimized, rank_of
 
 
 def test_figure_8_19_names_and_links():

@@ -9,10 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parlab import launch, toy_algorithms, toy_backend
+from parlab.comm import ALGORITHMS
+
+from parlab import launch
+from parlab.comm.toy import backend as toy_backend, wire as toy_wire
 from parlab.launch import RankError, run
-from parlab.toy_checks import REDUCE_OPS, SUPPORTED_DTYPES
-from parlab.traffic import TrafficLog
+from parlab.comm.toy import REDUCE_OPS, SUPPORTED_DTYPES
+from parlab.comm import TrafficLog
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -106,7 +109,7 @@ def _data_movement_cases(b, algorithm, dtypes_to_try):
     b.compare(f"{algorithm} all_gather_into_tensor", gather_tensor,
               lambda: _values((1, 2), torch.int64, r))
 
-    sizes = toy_algorithms.chunk_sizes(2 * n + 1, n)  # uneven: 2n+1 elements over n ranks
+    sizes = toy_wire.chunk_sizes(2 * n + 1, n)  # uneven: 2n+1 elements over n ranks
 
     def reduce_scatter_list(args, group):
         out, inputs = args
@@ -169,9 +172,9 @@ def _data_movement_cases(b, algorithm, dtypes_to_try):
 
 def _battery(piece_bytes, dtypes):
     """Every collective x algorithm on this rank; returns (cases run, differences found)."""
-    toy_algorithms.PIECE_BYTES = piece_bytes  # small pieces exercise the pipelined paths
+    toy_wire.PIECE_BYTES = piece_bytes  # small pieces exercise the pipelined paths
     b = Battery()
-    for algorithm in toy_backend.ALGORITHMS:
+    for algorithm in ALGORITHMS:
         with toy_backend.algorithm(algorithm):
             _all_reduce_cases(b, algorithm, dtypes)
             _data_movement_cases(b, algorithm, dtypes)
@@ -326,7 +329,7 @@ def _call(kind):
     elif kind == "a2a_split":
         dist.all_to_all_single(torch.empty(4), torch.ones(4))
     elif kind == "tag":
-        dist.send(torch.ones(1), 1 - r, tag=toy_algorithms.TAG_BASE) if r == 0 else None
+        dist.send(torch.ones(1), 1 - r, tag=toy_wire.TAG_BASE) if r == 0 else None
 
 
 WRONG_CALLS = [
@@ -368,7 +371,7 @@ def test_launch_brings_the_traffic_home():
 
 def test_a_transfer_record_is_frozen():
     from dataclasses import FrozenInstanceError
-    from parlab.traffic import Transfer
+    from parlab.comm import Transfer
     rec = Transfer("all_reduce", "ring", 0, 0, 1, 8)
     with pytest.raises(FrozenInstanceError):
         rec.nbytes = 9

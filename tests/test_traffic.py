@@ -3,14 +3,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parlab import toy_backend, traffic
-from parlab.topology import figure_8_19, rail_optimized
-from parlab.traffic import (Transfer, TrafficLog, allreduce_bytes_per_rank, allreduce_steps,
-                            allreduce_time, bus_bandwidth, run_with_traffic)
+from parlab.comm import ALGORITHMS
+
+from parlab.comm.toy import backend as toy_backend
+from parlab.comm import figure_8_19, rail_optimized, traffic
+from parlab.comm import (
+    Transfer, TrafficLog, allreduce_bytes_per_rank, allreduce_steps, allreduce_time, bus_bandwidth,
+    run_with_traffic
+)
 
 
 def _all_reduce_each_algorithm(numel):
-    for name in toy_backend.ALGORITHMS:
+    for name in ALGORITHMS:
         with toy_backend.algorithm(name):
             dist.all_reduce(torch.ones(numel))
 
@@ -20,7 +24,7 @@ def test_logged_all_reduce_volumes_equal_the_formulas(n):
     numel = 6 * n  # n divides the tensor: the ring's 2(n-1)/n is exact
     nbytes = 4 * numel
     _, log = run_with_traffic(_all_reduce_each_algorithm, n, numel)
-    for algorithm in toy_backend.ALGORITHMS:
+    for algorithm in ALGORITHMS:
         part = log.filter(algorithm=algorithm)
         sent = part.per_rank()["sent"].tolist()
         assert sent == allreduce_bytes_per_rank(nbytes, n, algorithm), algorithm
@@ -116,7 +120,7 @@ def test_bad_arguments():
 def test_collective_explorer_runs_real_ranks_and_redraws(capsys):
     import matplotlib
     matplotlib.use("Agg")
-    from parlab.widgets.basics import collective_explorer
+    from parlab.viz.widgets import collective_explorer
 
     explorer = collective_explorer()  # all_gather on a ring of 4, 16 floats: the static figure
     out = capsys.readouterr().out
@@ -140,9 +144,9 @@ def test_every_explored_collective_is_right_with_every_algorithm(collective, cap
     import matplotlib
     import matplotlib.pyplot as plt
     matplotlib.use("Agg")
-    from parlab.widgets.basics import draw_collective
+    from parlab.viz.widgets.basics import draw_collective
 
-    for algorithm in toy_backend.ALGORITHMS:
+    for algorithm in ALGORITHMS:
         plt.close(draw_collective(collective, algorithm, ranks=3, elements=4))
         assert "every rank's result is right: True" in capsys.readouterr().out, algorithm
     with pytest.raises(ValueError, match="unknown collective 'gossip'; choose one of"):

@@ -1,6 +1,14 @@
-"""parlab: the runnable companion to "Parallelism Strategies in Deep Learning"."""
+"""parlab: the runnable companion to "Parallelism Strategies in Deep Learning".
+
+The subpackages, bottom up (each imports only those before it): ``launch`` (start ranks),
+``comm`` (the toy backend, traffic, collective costs, topology, the rank mesh), ``models``,
+``memory``, ``data_parallel``, ``pipeline``, ``tensor_parallel``, ``hybrid``, ``viz`` (draws
+only) and ``exercises``. ``book`` and ``figures`` are the maintainers' command-line tools;
+``units`` formats bytes for every printed number.
+"""
+
 __version__ = "0.1.0"
 
-from . import toy_backend as _toy_backend  # registers backend "toy" with torch.distributed
+from parlab.comm import toy as _toy
 
-_toy_backend.register()
+_toy.register()  # backend "toy" for torch.distributed, in every process that imports parlab

@@ -1,8 +1,11 @@
 """Maintainers' tool for the chapters: build (execute) notebooks, check their pairs, make HTML.
 
     python -m parlab.book build [chapters/03_*.py ...]   .py -> executed .ipynb -> .py again
-    python -m parlab.book check                          fail if a notebook and its .py differ
-    python -m parlab.book html [--out build/html]        the executed chapters as an HTML book
+    python -m parlab.book check [--chapters DIR]         fail if a notebook and its .py differ
+    python -m parlab.book html [--chapters DIR] [--out build/html]   an HTML book of them
+
+A maintainers' tool: readers never import it. It works from any directory: the chapters
+folder defaults to ``./chapters`` and the HTML edition to ``./build/html``.
 
 Why: the reviewed source of a chapter is its jupytext ``.py``; readers and nbval use the
 ``.ipynb`` with stored outputs. ``build`` keeps the two in step and re-executes so stored
@@ -23,13 +26,17 @@ __all__ = ["chapters", "paired_text", "unpaired", "build", "to_html", "main"]
 PAIR_FORMAT = "py:percent"
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+#: Where the chapters are when no folder is given: ``chapters/`` under the current directory.
+DEFAULT_CHAPTERS = Path("chapters")
 
 
-def chapters(root: Path | None = None) -> list[Path]:
-    """The chapter notebooks, in order."""
-    return sorted((root or repo_root()).joinpath("chapters").glob("[0-9][0-9]_*.ipynb"))
+def chapters(folder: Path | None = None) -> list[Path]:
+    """The chapter notebooks in ``folder`` (default ``./chapters``), in order."""
+    folder = Path(folder or DEFAULT_CHAPTERS)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no chapters folder at {folder.resolve()}: run from the "
+                                f"repository's root or pass the folder (--chapters DIR)")
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
 
 
 def paired_text(notebook: Path) -> str:
@@ -49,11 +56,11 @@ def _drop_pairing(nb) -> None:
     nb.metadata.get("jupytext", {}).pop("formats", None)
 
 
-def unpaired(root: Path | None = None) -> list[str]:
+def unpaired(folder: Path | None = None) -> list[str]:
     """Notebooks whose ``.py`` pair is missing or differs, and ``.py`` files with no notebook."""
     problems = []
-    folder = (root or repo_root()) / "chapters"
-    for notebook in chapters(root):
+    folder = Path(folder or DEFAULT_CHAPTERS)
+    for notebook in chapters(folder):
         pair = notebook.with_suffix(".py")
         if not pair.exists():
             problems.append(f"{notebook.name}: no {pair.name}")
@@ -156,14 +163,14 @@ def build(sources: list[Path], timeout: int = 900) -> None:
         print(f"built {target.name} in {time.monotonic() - started:.1f} s")
 
 
-def to_html(out: Path) -> Path:
+def to_html(out: Path, folder: Path | None = None) -> Path:
     """Convert every executed chapter to HTML (figures inline, widgets' static renders in
     place), link the pages with previous / contents / next bars, and write an index page."""
     from nbconvert import HTMLExporter
 
     out.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter()
-    notebooks = chapters()
+    notebooks = chapters(folder)
     pages = [out / nb.with_suffix(".html").name for nb in notebooks]
     titles = [_title(nb) for nb in notebooks]
     for i, notebook in enumerate(notebooks):
@@ -199,24 +206,42 @@ def _title(notebook: Path) -> str:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except FileNotFoundError as exc:
+        print(f"python -m parlab.book: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"python -m parlab.book needs the maintainers' tools ({exc.name} is missing): "
+              f"pip install 'parlab[tools]', or the repository's requirements.txt",
+              file=sys.stderr)
+        return 2
+
+
+def _main(argv) -> int:
     parser = argparse.ArgumentParser(prog="python -m parlab.book", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="execute chapters from their .py and re-pair them")
     b.add_argument("sources", nargs="*", type=Path)
-    sub.add_parser("check", help="fail when a notebook and its .py pair differ")
+    b.add_argument("--chapters", type=Path, default=DEFAULT_CHAPTERS,
+                   help="the chapters folder when no source is named (default: ./chapters)")
+    c = sub.add_parser("check", help="fail when a notebook and its .py pair differ")
+    c.add_argument("--chapters", type=Path, default=DEFAULT_CHAPTERS)
     h = sub.add_parser("html", help="build the HTML edition")
-    h.add_argument("--out", type=Path, default=repo_root() / "build" / "html")
+    h.add_argument("--chapters", type=Path, default=DEFAULT_CHAPTERS)
+    h.add_argument("--out", type=Path, default=Path("build") / "html")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.sources or sorted(repo_root().joinpath("chapters").glob("[0-9][0-9]_*.py")))
+        chapters(args.chapters)  # a clear error when the folder is missing
+        build(args.sources or sorted(args.chapters.glob("[0-9][0-9]_*.py")))
     elif args.command == "check":
-        problems = unpaired()
+        problems = unpaired(args.chapters)
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
     else:
-        print(f"wrote {to_html(args.out)}")
+        print(f"wrote {to_html(args.out, args.chapters)}")
     return 0
 
 

@@ -1,8 +1,12 @@
 """``python -m parlab.figures`` regenerates every figure the chapters draw, as PNG in figures/.
 
-Why a registry: each chapter's drawing code lives beside its plots (``parlab.plots.*``) and
-registers its figures under the book's numbering (``fig-8-07-pipeline-step-5``), so this
-command, the HTML edition and the tests all see the same list without a hand-kept index.
+A maintainers' tool: readers never import it. Each chapter's drawing code registers its
+figures under the book's numbering (``fig-8-07-pipeline-step-5``) with
+:func:`parlab.viz.registry.figure`; this command imports every plot module and draws them.
+
+    python -m parlab.figures [--list] [--out FOLDER] [PATTERN ...]
+
+The output folder defaults to ``./figures`` under the current directory.
 """
 
 from __future__ import annotations
@@ -15,39 +19,16 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["figure", "register", "registry", "render", "main", "default_directory"]
+from parlab.viz import plots, registered
 
-_REGISTRY: dict[str, tuple[str, Callable]] = {}
-
-
-def register(name: str, make: Callable, title: str = "") -> None:
-    """Register ``make() -> matplotlib.figure.Figure`` under the file name ``name`` (no suffix)."""
-    if name in _REGISTRY:
-        raise ValueError(f"figure {name!r} is registered twice")
-    _REGISTRY[name] = (title, make)
-
-
-def figure(name: str, title: str = ""):
-    """Decorator form of :func:`register`."""
-    def wrap(make):
-        register(name, make, title)
-        return make
-    return wrap
+__all__ = ["registry", "render", "main"]
 
 
 def registry() -> dict[str, tuple[str, Callable]]:
-    """All registered figures (importing every ``parlab.plots`` module), sorted by name."""
-    from . import plots
+    """Every figure of every chapter: (title, make) by name, sorted."""
     for info in pkgutil.iter_modules(plots.__path__):
         importlib.import_module(f"{plots.__name__}.{info.name}")
-    return dict(sorted(_REGISTRY.items()))
-
-
-def default_directory() -> Path:
-    """The repository's figures/ folder when run from a checkout, else ./figures."""
-    repo = Path(__file__).resolve().parents[2]
-    return repo / "figures" if (repo / "pyproject.toml").exists() else Path("figures")
-
+    return registered()
 
 def render(names=None, directory: Path | None = None, progress: bool = True) -> list[Path]:
     """Draw the figures named (all by default) and save them as PNG; return the paths."""
@@ -56,7 +37,7 @@ def render(names=None, directory: Path | None = None, progress: bool = True) -> 
     import matplotlib.pyplot as plt
     from tqdm.auto import tqdm
 
-    directory = Path(directory or default_directory())
+    directory = Path(directory or "figures")
     directory.mkdir(parents=True, exist_ok=True)
     figures = registry()
     names = list(figures) if names is None else list(names)
@@ -76,7 +57,7 @@ def render(names=None, directory: Path | None = None, progress: bool = True) -> 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m parlab.figures", description=__doc__)
     parser.add_argument("patterns", nargs="*", help="only figures matching these globs")
-    parser.add_argument("--out", type=Path, default=None, help="folder (default: figures/)")
+    parser.add_argument("--out", type=Path, default=None, help="folder (default: ./figures)")
     parser.add_argument("--list", action="store_true", help="list the figures and exit")
     args = parser.parse_args(argv)
     figures = registry()
@@ -95,6 +76,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # run the imported module's main: the plots register into parlab.figures, not __main__
-    from parlab.figures import main as _main
-    raise SystemExit(_main())
+    raise SystemExit(main())

@@ -1,89 +1,12 @@
 """Exercise checkers: say whether a reader's answer is right, and why, without giving it away.
 
-Each chapter has a module here (``ch00``, ``ch01``, ...) that registers its exercises with
-:func:`exercise`. A notebook calls ``check("03.2", my_answer)``; the verdict prints as one
-line. An unanswered exercise (``None`` or ``...``) gets a reminder, not a failure, so a
-notebook runs top to bottom before the reader has tried anything.
+Each chapter has a module here (``ch00``, ``ch01``, ...) that registers its exercises in
+:mod:`parlab.exercises.registry`. A notebook calls ``check("03.2", my_answer)``; the verdict
+prints as one line. The checkers compute their answers from real runs and calculators, so
+they may import any subpackage; nothing imports them.
 """
 
-from __future__ import annotations
+from parlab.exercises import ch00, ch01, ch02, ch03, ch04, ch05  # noqa: F401  (they register)
+from parlab.exercises.registry import Verdict, check, list_exercises
 
-import importlib
-import pkgutil
-from dataclasses import dataclass
-from typing import Any, Callable
-
-__all__ = ["check", "exercise", "Verdict", "right", "wrong", "list_exercises"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The checker's answer: ``ok`` is True, False, or None (not answered yet)."""
-
-    exercise_id: str
-    ok: bool | None
-    message: str
-
-    def __repr__(self) -> str:
-        mark = {True: "right", False: "not yet", None: "unanswered"}[self.ok]
-        return f"Exercise {self.exercise_id}: {mark}. {self.message}"
-
-    def __bool__(self) -> bool:
-        return bool(self.ok)
-
-
-@dataclass(frozen=True)
-class _Exercise:
-    exercise_id: str
-    question: str
-    checker: Callable[[Any], tuple[bool, str]]
-
-
-_REGISTRY: dict[str, _Exercise] = {}
-_loaded = False
-
-
-def right(why: str = "") -> tuple[bool, str]:
-    """A checker's positive verdict, with an optional sentence on why it is right."""
-    return True, why or "Well done."
-
-
-def wrong(hint: str) -> tuple[bool, str]:
-    """A checker's negative verdict: a hint that points the way without the answer."""
-    return False, hint
-
-
-def exercise(exercise_id: str, question: str):
-    """Register ``checker(answer) -> right(...) | wrong(...)`` under ``exercise_id``."""
-    def register(checker):
-        _REGISTRY[exercise_id] = _Exercise(exercise_id, question, checker)
-        return checker
-    return register
-
-
-def _load_all() -> None:
-    global _loaded
-    if not _loaded:
-        for info in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{info.name}")
-        _loaded = True
-
-
-def list_exercises() -> dict[str, str]:
-    """Every exercise id with its question."""
-    _load_all()
-    return {k: v.question for k, v in sorted(_REGISTRY.items())}
-
-
-def check(exercise_id: str, answer: Any) -> Verdict:
-    """Check ``answer`` for exercise ``exercise_id`` (for example ``"00.1"``)."""
-    _load_all()
-    if exercise_id not in _REGISTRY:
-        raise ValueError(f"no exercise {exercise_id!r}; known: {sorted(_REGISTRY)}")
-    if answer is None or answer is Ellipsis:
-        return Verdict(exercise_id, None, "Replace the ... with your answer and run the cell again.")
-    try:
-        ok, message = _REGISTRY[exercise_id].checker(answer)
-    except Exception as exc:  # a malformed answer is a wrong answer, with the reason
-        ok, message = False, f"The answer could not be checked ({type(exc).__name__}: {exc})."
-    return Verdict(exercise_id, ok, message)
+__all__ = ["check", "list_exercises", "Verdict"]

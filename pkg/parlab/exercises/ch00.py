@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import exercise, right, wrong
+from parlab.exercises.registry import exercise, right, wrong
 
 
 @exercise("00.1", "Four ranks each hold torch.tensor([rank + 1.0]). After dist.all_reduce "
@@ -21,7 +21,7 @@ def _predict_all_reduce(answer):
                   "of rank**2, using one collective.")
 def _write_sum_of_squares(answer):
     import torch.distributed as dist  # noqa: F401  (the reader's fn uses it)
-    from ..launch import run
+    from parlab.launch import run
     if not callable(answer):
         return wrong("Pass the function itself (fn, not fn()).")
     for world_size in (2, 3):
@@ -39,7 +39,7 @@ def _write_sum_of_squares(answer):
 @exercise("00.3", "A ring all_reduce runs on 4 ranks over a tensor of 1 MiB (1,048,576 bytes). "
                   "How many bytes does each rank send?")
 def _predict_ring_bytes(answer):
-    from ..traffic import allreduce_bytes_per_rank
+    from parlab.comm import allreduce_bytes_per_rank
     nbytes, n = 2**20, 4
     expected = allreduce_bytes_per_rank(nbytes, n, "ring")[0]
     value = float(answer)
@@ -61,8 +61,7 @@ def _predict_ring_bytes(answer):
 
 def _broadcast_steps(n: int, algorithm: str) -> int:
     """Steps of a broadcast from rank 0 to ``n`` ranks, counted from a real toy-backend run."""
-    from ..traffic import run_with_traffic
-    from ..widgets.basics import one_collective
+    from parlab.comm import one_collective, run_with_traffic
     _, log = run_with_traffic(one_collective, n, "broadcast", 4, algorithm=algorithm)
     return len(log.per_step())
 

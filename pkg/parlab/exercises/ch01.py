@@ -1,14 +1,14 @@
 """Chapter 01 exercises: put bytes, GPUs and dollars on Figure 8-1 and the power example.
 
 Every expected answer is computed by the package (``parlab.memory``, ``parlab.models``,
-``parlab.energy``) when the checker runs, so it cannot drift from what the notebook shows.
+``parlab.memory.energy``) when the checker runs, so it cannot drift from what the notebook shows.
 """
 
 from __future__ import annotations
 
 import math
 
-from . import exercise, right, wrong
+from parlab.exercises.registry import exercise, right, wrong
 
 
 def _close(answer, expected, rel=0.01) -> bool:
@@ -18,7 +18,8 @@ def _close(answer, expected, rel=0.01) -> bool:
 @exercise("01.1", "A model has 1.5 billion parameters and is trained with Adam in fp32. How "
                   "many GB (10**9 bytes) does Adam's optimizer state take?")
 def _adam_state(answer):
-    from ..memory import GB, OPTIMIZERS
+    from parlab.units import GB
+    from parlab.memory import OPTIMIZERS
     n = 1.5e9
     expected = n * 4 * OPTIMIZERS["adam"] / GB
     value = float(answer)
@@ -39,8 +40,8 @@ def _adam_state(answer):
                   "gradients, fp32 master weights and Adam state). Ignoring activations, how "
                   "many 80 GB GPUs (1 GB = 10**9 bytes) are needed at least just to hold it?")
 def _gpt3_gpus(answer):
-    from ..memory import GB
-    from ..models import GPT3_175B, count_parameters
+    from parlab.units import GB
+    from parlab.models import GPT3_175B, count_parameters
     n = count_parameters(GPT3_175B)["total"]
     per_param = 2 + 2 + 4 + 8
     expected = math.ceil(n * per_param / (80 * GB))
@@ -68,7 +69,7 @@ def _gpt3_gpus(answer):
 @exercise("01.3", "A run uses 16,384 GPUs at 700 W each for 54 days, with electricity at "
                   "$0.08 per kWh. What does the electricity cost, in USD?")
 def _energy_bill(answer):
-    from ..energy import training_cost
+    from parlab.memory import training_cost
     expected = training_cost(gpus=16_384, watts_per_gpu=700, days=54, usd_per_kwh=0.08).cost_usd
     value = float(answer)
     if _close(value, expected):
@@ -84,7 +85,7 @@ def _energy_bill(answer):
 @exercise("01.4", "A job fails on average every 4 hours, and writing a checkpoint takes 6 "
                   "minutes. By Young's rule, every how many hours should it checkpoint?")
 def _young(answer):
-    from ..energy import young_interval
+    from parlab.memory import young_interval
     expected = young_interval(mtbf_hours=4, checkpoint_minutes=6)
     value = float(answer)
     if _close(value, expected, rel=0.03):

@@ -5,11 +5,11 @@ Every expected answer is computed by the simulator when the checker runs, never 
 
 from __future__ import annotations
 
-from . import exercise, right, wrong
+from parlab.exercises.registry import exercise, right, wrong
 
 
 def _sim(name, p, m, v=1):
-    from ..pipeline import schedule, simulate
+    from parlab.pipeline import schedule, simulate
     return simulate(schedule(name, p, m, v))
 
 
@@ -73,7 +73,7 @@ def _book_overlap(answer):
                   "dict {rank: [entry per time step]} with actions such as '0F0' and None for "
                   "an idle step. It must be valid and as short as possible.")
 def _write_gpipe(answer):
-    from ..pipeline import from_order, simulate
+    from parlab.pipeline import from_order, simulate
     if not isinstance(answer, dict):
         return wrong("Answer with a dict: {0: [...], 1: [...]}, one list entry per time step.")
     try:

@@ -4,32 +4,31 @@ package (never typed in), so they follow the models and formulas the chapter use
 
 from __future__ import annotations
 
-from . import exercise, right, wrong
+from parlab.exercises.registry import exercise, right, wrong
 
 _TP = 8
 _C_IN, _C_OUT = 1024, 4096
 
 
 def _attention_params_per_gpu() -> int:
-    from ..models import GPT3_175B
+    from parlab.models import GPT3_175B
     return 4 * GPT3_175B.d_model ** 2 // _TP
 
 
 def _ops_megatron_avoids() -> set:
-    from ..tp_counting import attention_bytes
+    from parlab.tensor_parallel import attention_bytes
     book = attention_bytes("book", 2, 4, 8)["forward"]
     megatron = attention_bytes("megatron", 2, 4, 8)["forward"]
     return set(book) - set(megatron)
 
 
 def _ffn_bytes() -> dict:
-    from ..tp_counting import ffn_bytes
-    from ..tp_ffn import FIGURE_8_19_SIZES
+    from parlab.tensor_parallel import FIGURE_8_19_SIZES, ffn_bytes
     return ffn_bytes(FIGURE_8_19_SIZES, tensor=2, batch=4)["forward"]
 
 
 def _largest_batch() -> int:
-    from ..tp_counting import slide_costs
+    from parlab.tensor_parallel import slide_costs
     batch = 1
     while slide_costs(batch + 1, _C_IN, _C_OUT)["partition_output"] <= _C_IN * _C_OUT:
         batch += 1
@@ -46,7 +45,7 @@ def _answers() -> dict:
                   "attention layer's four weight matrices (W_Q, W_K, W_V, W_O; no biases) "
                   "does one GPU hold?")
 def _attention_share(answer):
-    from ..models import GPT3_175B
+    from parlab.models import GPT3_175B
     d, expected = GPT3_175B.d_model, _attention_params_per_gpu()
     answer = int(answer)
     if answer == expected:

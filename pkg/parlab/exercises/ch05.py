@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import exercise, right, wrong
+from parlab.exercises.registry import exercise, right, wrong
 
 _MODEL, _GPUS, _TP = "GPT-3 175B", 1024, 8
 _PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
@@ -16,7 +16,7 @@ _RING = (8, 2, 2)  # dp, tp, pp of exercise 05.2, on servers of 8 GPUs
 @lru_cache(maxsize=1)
 def _by_depth() -> dict:
     """{pp: Breakdown} for tp=8, one sequence per micro-batch, GPT-3 on 1,024 GPUs."""
-    from ..planner import evaluate
+    from parlab.hybrid import evaluate
     out = {}
     for pp in (8, 16, 32):
         dp = _GPUS // (_TP * pp)
@@ -32,32 +32,33 @@ def _steadiest_part() -> str:
 
 
 def _ring_links() -> set:
-    from ..planner_placement import cluster, group_ranks, place
+    from parlab.comm import Mesh
+    from parlab.hybrid import cluster, place
     dp, tp, pp = _RING
     gpu_of, topology = place(dp, tp, pp), cluster(dp * tp * pp)
-    ring = group_ranks("data", dp, tp, pp)[0]
+    ring = Mesh(dp=dp, pp=pp, tp=tp).group_ranks("data")[0]
     return {topology.link_type(gpu_of[a], gpu_of[b]) for a, b in zip(ring, ring[1:] + ring[:1])}
 
 
 @lru_cache(maxsize=1)
 def _profiles():
-    from ..cnn import SmallCNN, profile
+    from parlab.models import SmallCNN, profile
     return profile(SmallCNN(), (3, 32, 32), batch=1)
 
 
 def _conv4_line() -> int:
-    from ..planner_cnn import crossover_batch
+    from parlab.hybrid import crossover_batch
     return crossover_batch(_profiles(), "conv4")
 
 
 @lru_cache(maxsize=1)
 def _winner():
-    from ..planner import plan
+    from parlab.hybrid import plan
     return plan(_MODEL, _GPUS, 80)[0]
 
 
 def _half_batch_bubble() -> float:
-    from ..planner import bubble_fraction
+    from parlab.hybrid import bubble_fraction
     win = _winner()
     return bubble_fraction(win.pp, win.microbatches // 2)
 
@@ -91,7 +92,7 @@ def _steady(answer):
                   "ranks: which link types does the data-parallel ring of stage 0 (tensor "
                   "index 0) use? Answer a set such as {'nvlink'}.")
 def _ring(answer):
-    from ..topology import LINK_TYPES
+    from parlab.comm import LINK_TYPES
     answer = {str(a).strip().lower() for a in (answer if isinstance(answer, (set, list, tuple))
                                                 else [answer])}
     if not answer <= set(LINK_TYPES):
@@ -105,15 +106,15 @@ def _ring(answer):
     if answer < expected:
         return wrong("Some hops are missing: follow the ring all the way around, including "
                      "the hop from the last replica back to the first.")
-    return wrong("Place the ranks with parlab.planner_placement.place(8, 2, 2) and look at "
-                 "each neighbour pair of the ring group_ranks('data', 8, 2, 2)[0].")
+    return wrong("Place the ranks with parlab.hybrid.place(8, 2, 2) and look at "
+                 "each neighbour pair of the ring Mesh(dp=8, pp=2, tp=2).group_ranks('data')[0].")
 
 
 @exercise("05.3", "SmallCNN on 3x32x32 images: up to which batch size does splitting conv4 "
                   "(the cheaper tensor-parallel split) move fewer bytes per step than data "
                   "parallelism?")
 def _conv4(answer):
-    from ..planner_cnn import crossover_batch
+    from parlab.hybrid import crossover_batch
     expected, value, profiles = _conv4_line(), int(answer), _profiles()
     if value == expected:
         conv4 = next(p for p in profiles if p.name == "conv4")

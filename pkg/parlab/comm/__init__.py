@@ -1,0 +1,28 @@
+"""Communication: the toy backend, the traffic it logs, what collectives cost, and the cluster.
+
+Everything the chapters say about bytes on wires lives here: ``toy`` (the logged backend),
+``traffic`` (a run's merged log and its time on a topology), ``cost`` (every collective's
+closed form, one formula each), ``topology`` (GPU names, NVLink, rails and the spine),
+``mesh`` (the data x pipeline x tensor rank grid and its process groups, used by every hybrid
+run), ``collectives`` (chapter 00's checked collectives). Imports only :mod:`parlab.launch`.
+"""
+
+from parlab.comm.traffic import TrafficLog, Transfer
+from parlab.comm.cost import (
+    ALGORITHMS, allreduce_bytes_per_rank, allreduce_steps, allreduce_time, bus_bandwidth,
+    ring_wire_bytes
+)
+from parlab.comm.topology import (
+    LINK_TYPES, NIC_GBPS, NVLINK, figure_8_19, gpu_name, link_type, LinkSpec, nic, rail_optimized,
+    rank_of, Topology
+)
+from parlab.comm.mesh import GROUP_KINDS, Coordinates, Mesh
+from parlab.comm.collectives import COLLECTIVES, one_collective
+from parlab.comm import toy
+from parlab.comm.toy import run_with_traffic
+
+__all__ = ["Transfer", "TrafficLog", "ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank",
+           "allreduce_steps", "allreduce_time", "bus_bandwidth", "LinkSpec", "NVLINK", "nic",
+           "NIC_GBPS", "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of",
+           "link_type", "LINK_TYPES", "Mesh", "Coordinates", "GROUP_KINDS", "COLLECTIVES",
+           "one_collective", "toy", "run_with_traffic"]

@@ -1,0 +1,113 @@
+"""Figure 8-2 run for real: A1 and A2 each hold the whole model and half of the batch.
+
+:func:`run_figure_8_2` trains :class:`parlab.models.BookMLP` that way on real ranks and keeps,
+per rank, what the figure names: its micro-batches, its local gradients, the gradients that
+came from the peer, the average, and the weights after the update, next to one process
+trained on the whole batch (:class:`BookRun`). :func:`parlab.viz.plots.figure_8_2` draws it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from parlab.comm import gpu_name
+from parlab.data_parallel.sync import GradientExchange, split_batch
+from parlab.data_parallel.training import TrainSpec, make_batch
+from parlab.launch import run
+from parlab.models import BookMLP
+
+__all__ = ["FIGURE_8_2", "BookRun", "run_figure_8_2", "replica_names", "format_tensor"]
+
+
+#: The run of Figure 8-2: 8 micro-batches of 2 samples, split 4 + 4 over A1 and A2.
+FIGURE_8_2 = TrainSpec(sizes=(4, 6, 6, 2), samples=16, micro_batches=8, lr=0.1, steps=1)
+
+
+def replica_names(world_size: int) -> list[str]:
+    """Figure 8-2's names: one GPU per server on one rail, so A1, A2, A3, ... (see topology)."""
+    return [gpu_name(r, gpus_per_server=1) for r in range(world_size)]
+
+
+def _book_rank(spec: TrainSpec, how: str) -> dict:
+    """On each rank: BookMLP on this rank's micro-batches, gradients exchanged with ``how``."""
+    if spec.momentum:
+        raise ValueError("BookMLP applies plain SGD (Δw = -lr·G); use momentum=0")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    everyone = split_batch(spec.samples, spec.micro_batches, world)
+    shares = everyone[rank]
+    labels = [sum(map(len, everyone[:rank])) + j + 1 for j in range(len(shares))]
+    lo, hi = shares[0][0], shares[-1][1]
+    net = BookMLP(spec.sizes, spec.activation, lr=spec.lr, seed=spec.seed)
+    exchange = GradientExchange(how) if world > 1 else None
+    for i in range(spec.steps):
+        x, target = make_batch(spec, i)
+        loss = net.step(x[lo:hi], target[lo:hi], exchange, world)
+    local = net.local_grads()
+    remote = ([g for layer in net.layers for g in (layer.remote_grad_W, layer.remote_grad_b)]
+              if world > 1 else [torch.zeros_like(g) for g in local])
+    return {"micro": labels, "rows": (lo, hi), "loss": loss, "local": local, "remote": remote,
+            "averaged": [(a + b) / world for a, b in zip(local, remote)],
+            "received": exchange.received if exchange else {},
+            "calls": exchange.stats.calls if exchange else 0,
+            "weights": [t for layer in net.layers for t in (layer.W, layer.b)]}
+
+
+@dataclass
+class BookRun:
+    """Figure 8-2 on real ranks: one dict per rank (see :func:`run_figure_8_2`) and a reference."""
+
+    spec: TrainSpec
+    how: str
+    ranks: list[dict]
+    reference: list[torch.Tensor]
+    reference_grads: list[torch.Tensor]
+    reference_loss: float
+
+    @property
+    def names(self) -> list[str]:
+        return replica_names(len(self.ranks))
+
+    def max_difference(self) -> float:
+        """Largest |weight of any replica - weight of the single process|."""
+        return max(float((w - r).abs().max()) for run in self.ranks
+                   for w, r in zip(run["weights"], self.reference))
+
+    def replicas_identical(self) -> bool:
+        """True when every replica holds bit-for-bit the same weights as rank 0."""
+        return all(torch.equal(w, w0) for run in self.ranks[1:]
+                   for w, w0 in zip(run["weights"], self.ranks[0]["weights"]))
+
+    def table(self, item: int = 0, row: int = 0) -> str:
+        """Per rank: micro-batches, loss, and one row of gradient ``item`` (0 is ∇W1)."""
+        lines = []
+        for name, run in zip(self.names, self.ranks):
+            mb = ", ".join(f"x{j}" for j in run["micro"])
+            first, stop = run["rows"]
+            lines.append(f"{name}: micro-batches {mb} (samples {first}-{stop - 1}), "
+                         f"local loss {run['loss']:.4f}")
+            for key, label in (("local", "local ∇"), ("remote", "remote ∇"),
+                               ("averaged", "averaged ∇"), ("weights", "W after")):
+                lines.append(f"    {label:<11} {format_tensor(run[key][item][row])}")
+        lines.append(f"one process, whole batch: loss {self.reference_loss:.4f}, "
+                     f"W after {format_tensor(self.reference[item][row])}")
+        return "\n".join(lines)
+
+
+def run_figure_8_2(spec: TrainSpec = FIGURE_8_2, world_size: int = 2, how: str = "all_gather",
+                   backend: str = "gloo") -> BookRun:
+    """Run the book's data-parallel step on ``world_size`` ranks and one process; keep both."""
+
+    ranks = run(_book_rank, world_size, spec, how, backend=backend)
+    net = BookMLP(spec.sizes, spec.activation, lr=spec.lr, seed=spec.seed)
+    for i in range(spec.steps):
+        loss = net.step(*make_batch(spec, i))
+    return BookRun(spec, how, ranks, [t for layer in net.layers for t in (layer.W, layer.b)],
+                   net.local_grads(), loss)
+
+
+def format_tensor(t, digits: int = 4) -> str:
+    """A tensor as a short, deterministic list of rounded numbers (no -0)."""
+    return "[" + ", ".join(f"{round(float(v), digits) + 0.0:g}" for v in t.flatten().tolist()) + "]"

@@ -1,0 +1,203 @@
+"""Data parallelism (Figure 8-2): full replicas, split batch, averaged gradients.
+
+Why this module exists: the chapter's recipe is short (every GPU holds the whole model and
+works on its own micro-batches; the GPUs then add up their gradients, divide by their number
+and all apply the same update), but the details decide whether the replicas really train the
+same model as one GPU would. Here the recipe is code a reader can follow top to bottom:
+
+1. :func:`split_batch` gives each rank its micro-batches, or says clearly why it cannot.
+2. :func:`all_reduce_buckets` sums gradients with ``torch.distributed.all_reduce`` (gloo,
+   nccl or the toy backend), packing small tensors into flat buckets as production
+   frameworks do, and divides by the number of ranks. Under nccl, :func:`train` puts each
+   replica on its rank's GPU (:func:`parlab.launch.rank_device`).
+3. :func:`step` is one training step of any ``torch.nn.Module``; :class:`GradientExchange`
+   plugs the same sync into the book-named :class:`parlab.models.BookMLP`.
+4. :func:`train` (in :mod:`parlab.data_parallel.training`) runs
+   many steps on N ranks through :func:`parlab.launch.run`, with the same loop driven by
+   ``DistributedDataParallel`` for comparison, checkpoints, and an injected lost transfer;
+   :func:`reference` is one process training on the whole batch.
+
+Scaling of the loss: each rank weights every micro-batch's mean loss by
+``samples_in_micro_batch * world_size / samples_in_batch``. After the sum over ranks and
+the division by ``world_size`` that is exactly the mean loss over the whole batch, for even
+and (with ``uneven=True``) uneven splits alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parlab.models import BookMLP
+
+__all__ = ["split_batch", "make_buckets", "all_reduce_buckets", "SyncStats", "step",
+           "GradientExchange"]
+
+
+# --------------------------------------------------------------------------- the batch
+
+
+def split_batch(samples: int, micro_batches: int, world_size: int,
+                uneven: bool = False) -> list[list[tuple[int, int]]]:
+    """For each rank, the ``(start, stop)`` sample ranges of its micro-batches.
+
+    Ranks get consecutive micro-batches (rank 0 the first ones), as A1 gets x1..x4 in
+    Figure 8-2. By default the batch must split evenly: samples into micro-batches and
+    micro-batches over ranks. ``uneven=True`` accepts any split (the first ranks get one
+    more micro-batch or sample); the loss weighting of :func:`step` keeps it exact.
+    """
+    for name, value in (("samples", samples), ("micro_batches", micro_batches),
+                        ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if micro_batches > samples:
+        raise ValueError(f"micro_batches={micro_batches} is more than the {samples} samples; "
+                         f"use at most {samples} micro-batches")
+    if micro_batches < world_size:
+        raise ValueError(f"{micro_batches} micro-batch(es) cannot feed {world_size} ranks: every "
+                         f"replica needs at least one; use micro_batches >= {world_size}")
+    if not uneven and samples % micro_batches:
+        raise ValueError(f"a batch of {samples} samples does not split into {micro_batches} equal "
+                         f"micro-batches; use a multiple of {micro_batches} samples, or pass "
+                         f"uneven=True (micro-batches then differ by one sample)")
+    if not uneven and micro_batches % world_size:
+        good = -(-micro_batches // world_size) * world_size
+        raise ValueError(f"{micro_batches} micro-batches do not split evenly over {world_size} "
+                         f"ranks; use a multiple of {world_size} (e.g. {good}), or pass "
+                         f"uneven=True: the first {micro_batches % world_size} rank(s) then get "
+                         f"one micro-batch more and each rank's gradient is weighted by its share "
+                         f"of the samples")
+    sizes = [len(c) for c in torch.arange(samples).tensor_split(micro_batches)]
+    bounds = [(sum(sizes[:j]), sum(sizes[:j + 1])) for j in range(micro_batches)]
+    owners = torch.arange(micro_batches).tensor_split(world_size)
+    return [[bounds[j] for j in owned.tolist()] for owned in owners]
+
+
+# --------------------------------------------------------------------------- gradient sync
+
+
+@dataclass
+class SyncStats:
+    """What one gradient sync handed to ``all_reduce``: calls, and bytes per bucket."""
+
+    calls: int = 0
+    bucket_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.bucket_bytes)
+
+
+def make_buckets(tensors, cap_bytes: int | None = None) -> list[list[int]]:
+    """Indices of ``tensors`` packed into buckets of at most ``cap_bytes`` (last tensor first).
+
+    ``None`` means no bucketing: one all-reduce per tensor. The last tensors come first
+    because backward produces the last layer's gradients first, which is why
+    DistributedDataParallel fills its buckets in that order and can start sending early.
+    A tensor larger than the cap gets a bucket of its own; a dtype change starts a new one.
+    """
+    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int)
+                                  or cap_bytes < 1):
+        raise ValueError(f"bucket_cap_bytes must be a positive integer or None, got {cap_bytes!r}")
+    buckets: list[list[int]] = []
+    size, dtype = 0, None
+    for i in reversed(range(len(tensors))):
+        t = tensors[i]
+        nbytes = t.numel() * t.element_size()
+        if (cap_bytes is None or not buckets or t.dtype != dtype
+                or size + nbytes > cap_bytes):
+            buckets.append([])
+            size, dtype = 0, t.dtype
+        buckets[-1].append(i)
+        size += nbytes
+    return buckets
+
+
+def all_reduce_buckets(tensors, cap_bytes: int | None = None, average: bool = True,
+                       inject: Callable[[int], None] | None = None, group=None) -> SyncStats:
+    """Sum ``tensors`` (in place) over all ranks, one ``all_reduce`` per bucket; then divide.
+
+    ``average=True`` divides by the number of ranks, as the chapter describes. ``inject``,
+    if given, is called with each bucket's index before its all-reduce (a test's way to
+    make a transfer fail at a chosen moment).
+    """
+    world = dist.get_world_size(group)
+    stats = SyncStats()
+    for k, bucket in enumerate(make_buckets(tensors, cap_bytes)):
+        if inject is not None:
+            inject(k)
+        parts = [tensors[i] for i in bucket]
+        flat = torch.cat([p.reshape(-1) for p in parts])
+        dist.all_reduce(flat, group=group)
+        if average:
+            flat /= world
+        for p, piece in zip(parts, flat.split([p.numel() for p in parts])):
+            p.copy_(piece.view_as(p))
+        stats.calls += 1
+        stats.bucket_bytes.append(flat.numel() * flat.element_size())
+    return stats
+
+
+def step(model: nn.Module, optimizer, loss_fn, micro_batches, samples: int, *,
+         bucket_cap_bytes: int | None = None, inject=None, keep_local: bool = False):
+    """One data-parallel step on this rank: local gradients, averaged over ranks, update.
+
+    ``micro_batches`` are this rank's ``(x, target)`` pairs and ``samples`` the size of the
+    whole batch over all ranks. Each micro-batch's mean loss is weighted by
+    ``len(x) * world_size / samples`` (see the module docstring), its gradient accumulated.
+    ``keep_local=True`` simulates a rank that lost what its peers sent: it still takes part
+    in every all-reduce but updates with its own local gradient, so replicas drift apart
+    silently. Returns ``(mean loss of this rank's samples, SyncStats)``.
+    """
+    world = dist.get_world_size()
+    optimizer.zero_grad()
+    total, count = 0.0, 0
+    for x, target in micro_batches:
+        loss = loss_fn(model(x), target)
+        (loss * (len(x) * world / samples)).backward()
+        total, count = total + loss.item() * len(x), count + len(x)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    local = [g.clone() for g in grads] if keep_local else None
+    stats = all_reduce_buckets(grads, bucket_cap_bytes, inject=inject)
+    if keep_local:
+        for g, mine in zip(grads, local):
+            g.copy_(mine)
+    optimizer.step()
+    return total / count, stats
+
+
+class GradientExchange:
+    """``exchange`` for :meth:`BookMLP.step`: returns the sum of the peers' gradients.
+
+    ``how="all_gather"``: every rank receives every peer's flat gradient, so on two ranks A1
+    literally holds A2's gradient (kept in ``received[peer]``). ``how="all_reduce"``: one
+    summed gradient comes back, and the "remote" part is that sum minus the local gradient,
+    because an all-reduce never shows a peer's gradient on its own.
+    """
+
+    def __init__(self, how: str = "all_gather", bucket_cap_bytes: int | None = None):
+        if how not in ("all_gather", "all_reduce"):
+            raise ValueError(f"how must be 'all_gather' or 'all_reduce', got {how!r}")
+        self.how, self.cap = how, bucket_cap_bytes
+        self.received: dict[int, list[torch.Tensor]] = {}
+        self.stats = SyncStats()
+
+    def __call__(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.how == "all_reduce":
+            summed = [g.clone() for g in local]
+            self.stats = all_reduce_buckets(summed, self.cap, average=False)
+            return [s - g for s, g in zip(summed, local)]
+        flat = torch.cat([g.reshape(-1) for g in local])
+        pieces = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, flat)
+        self.stats = SyncStats(1, [flat.numel() * flat.element_size()])
+        sizes = [g.numel() for g in local]
+        me = dist.get_rank()
+        self.received = {peer: [p.view_as(g) for p, g in zip(piece.split(sizes), local)]
+                         for peer, piece in enumerate(pieces) if peer != me}
+        peers = list(self.received.values())
+        return [sum(grads[i] for grads in peers) for i in range(len(local))]

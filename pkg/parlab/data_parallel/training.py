@@ -1,0 +1,293 @@
+"""Data-parallel training runs: many steps on N real ranks, checked against one process.
+
+Why a module of its own: :mod:`parlab.data_parallel` is the recipe (split the batch, sum
+and average the gradients, step); this is the experiment around it. :func:`train` runs a
+small, deterministic problem (:class:`TrainSpec`) for several steps through
+:func:`parlab.launch.run`, either with the hand-built step or with PyTorch's
+``DistributedDataParallel`` for comparison; it can save checkpoints, resume from them, and
+inject a lost transfer into one rank's gradient sync to show that every rank stops.
+:func:`reference` is one process training on the whole batch, the result every parallel
+run must equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parlab.data_parallel.sync import SyncStats, split_batch, step
+from parlab.models import BookMLP
+
+__all__ = ["SGD", "TrainSpec", "RankRun", "make_model", "make_batch", "train", "train_rank",
+           "reference", "LostTransfer", "latest_checkpoint", "read_journal", "max_difference"]
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """A small, fully deterministic training problem: model, data, optimizer, batch split.
+
+    The model is :class:`BookMLP` (``sizes``, ``activation``, ``seed``) as ``nn.Sequential``;
+    the data are fresh random inputs every step with targets from a fixed smooth function.
+    """
+
+    sizes: tuple = (4, 6, 6, 2)
+    activation: str = "relu"
+    seed: int = 0
+    lr: float = 0.1
+    momentum: float = 0.0
+    samples: int = 16
+    micro_batches: int = 8
+    steps: int = 1
+    uneven: bool = False
+    bucket_cap_bytes: int | None = None
+
+    def replace(self, **changes) -> "TrainSpec":
+        return replace(self, **changes)
+
+
+class SGD:
+    """SGD with momentum, the update ``torch.optim.SGD`` makes (no dampening, no Nesterov).
+
+    Written out for two reasons: it is the book's Δw = -lr · G in three lines, and creating
+    a ``torch.optim`` optimizer imports PyTorch's compiler stack, which costs each freshly
+    started rank seconds. The tests check that it matches ``torch.optim.SGD``.
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.0):
+        self.params, self.lr, self.momentum = list(params), lr, momentum
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if self.momentum:
+                buf = self.buffers[i]
+                g = self.buffers[i] = g.clone() if buf is None else buf.mul_(self.momentum).add_(g)
+            p.add_(g, alpha=-self.lr)
+
+    def state_dict(self) -> dict:
+        return {"buffers": [None if b is None else b.cpu().clone() for b in self.buffers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffers = [None if b is None else b.to(p.device, copy=True)
+                        for b, p in zip(state["buffers"], self.params)]
+
+
+def make_model(spec: TrainSpec) -> nn.Sequential:
+    """The spec's network as ``nn.Linear`` layers, with :class:`BookMLP`'s initial weights."""
+    return BookMLP(spec.sizes, spec.activation, lr=spec.lr, seed=spec.seed).to_torch()
+
+
+def make_batch(spec: TrainSpec, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch number ``index`` (inputs and targets); the same on every rank and every run."""
+    g = torch.Generator().manual_seed(1_000_003 * (spec.seed + 1) + index)
+    x = torch.randn(spec.samples, spec.sizes[0], generator=g)
+    mix = torch.randn(spec.sizes[0], spec.sizes[-1],
+                      generator=torch.Generator().manual_seed(spec.seed + 7))
+    return x, torch.sin(x @ mix / 2)
+
+
+@dataclass
+class RankRun:
+    """What one rank (or the single-process reference) did: losses, sync counts, final weights."""
+
+    rank: int
+    losses: list[float]
+    calls: list[int]
+    sync_bytes: list[int]
+    state: dict[str, torch.Tensor]
+    checkpoint: dict | None = None
+
+    def extend(self, later: "RankRun") -> "RankRun":
+        """This run followed by ``later`` (a run resumed from this one's checkpoint)."""
+        return RankRun(self.rank, self.losses + later.losses, self.calls + later.calls,
+                       self.sync_bytes + later.sync_bytes, later.state, later.checkpoint)
+
+
+class LostTransfer(RuntimeError):
+    """A gradient transfer that never arrived: what a dropped packet means to a collective."""
+
+
+def _cpu_state(model) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _checkpoint(model, optimizer, done: int) -> dict:
+    return {"step": done, "model": _cpu_state(model), "optimizer": optimizer.state_dict()}
+
+
+def _journal(directory, text: str) -> None:
+    if directory:
+        with open(os.path.join(directory, f"rank{dist.get_rank()}.log"), "a") as f:
+            f.write(text + "\n")
+
+
+def train_rank(spec: TrainSpec, engine: str = "hand", start: dict | None = None,
+               stop: int | None = None, fail_at: tuple | None = None,
+               lose_at: tuple | None = None, checkpoint_dir: str | None = None,
+               checkpoint_every: int | None = None, journal_dir: str | None = None) -> RankRun:
+    """Run on every rank: train steps ``start["step"]`` (or 0) to ``stop`` (or ``spec.steps``).
+
+    ``engine="hand"`` uses :func:`step`; ``"ddp"`` wraps the model in
+    ``DistributedDataParallel`` (same data, same loss weighting, ``no_sync`` for all but the
+    last micro-batch). ``fail_at=(rank, step, bucket)`` makes that rank raise
+    :class:`LostTransfer` just before that bucket's all-reduce; ``lose_at=(rank, step)``
+    makes that rank silently keep its local gradient instead. Rank 0 writes a checkpoint
+    every ``checkpoint_every`` steps into ``checkpoint_dir``; ``journal_dir`` gets one log
+    file per rank (buckets sent, updates applied). Steps are counted from 1 there, as a
+    reader counts them; a checkpoint's ``"step"`` is the number of steps done.
+    """
+    from parlab.launch import rank_device
+
+    _check_engine(engine, fail_at, lose_at)
+    rank, world, device = dist.get_rank(), dist.get_world_size(), rank_device()
+    shares = split_batch(spec.samples, spec.micro_batches, world, spec.uneven)[rank]
+    model = make_model(spec).to(device)
+    optimizer = SGD(model.parameters(), spec.lr, spec.momentum)
+    first = 0
+    if start is not None:
+        model.load_state_dict(start["model"])
+        optimizer.load_state_dict(start["optimizer"])
+        first = start["step"]
+    for p in model.parameters():  # every replica starts from rank 0's weights, as DDP does
+        dist.broadcast(p.data, src=0)
+    net = model if engine == "hand" else _ddp(model, spec)
+    run = RankRun(rank, [], [], [], {})
+    for i in range(first, spec.steps if stop is None else stop):
+        x, target = (t.to(device) for t in make_batch(spec, i))
+        micro = [(x[a:b], target[a:b]) for a, b in shares]
+
+        def inject(k, n=i + 1):
+            if fail_at is not None and tuple(fail_at) == (rank, n, k):
+                raise LostTransfer(f"rank {rank} lost its gradient transfer (bucket {k}) "
+                                   f"in step {n}")
+            _journal(journal_dir, f"step {n}: bucket {k} sent")
+
+        if engine == "hand":
+            loss, stats = step(net, optimizer, nn.functional.mse_loss, micro, spec.samples,
+                               bucket_cap_bytes=spec.bucket_cap_bytes, inject=inject,
+                               keep_local=lose_at is not None and tuple(lose_at) == (rank, i + 1))
+        else:
+            loss, stats = _ddp_step(net, optimizer, micro, spec.samples, world)
+        if journal_dir:
+            total = sum(float(p.detach().sum()) for p in model.parameters())
+            _journal(journal_dir, f"step {i + 1}: update applied, sum of weights {total:.4f}")
+        run.losses.append(loss)
+        run.calls.append(stats.calls)
+        run.sync_bytes.append(stats.bytes)
+        if rank == 0 and checkpoint_dir and checkpoint_every and (i + 1) % checkpoint_every == 0:
+            path = os.path.join(checkpoint_dir, f"step_{i + 1:06d}.pt")
+            torch.save(_checkpoint(model, optimizer, i + 1), path + ".tmp")
+            os.replace(path + ".tmp", path)  # a crash mid-write never leaves half a checkpoint
+    run.state = _cpu_state(model)
+    if rank == 0:
+        run.checkpoint = _checkpoint(model, optimizer, i + 1) if run.losses else start
+    return run
+
+
+def _check_engine(engine, fail_at=None, lose_at=None) -> None:
+    if engine not in ("hand", "ddp"):
+        raise ValueError(f"engine must be 'hand' or 'ddp', got {engine!r}")
+    if engine == "ddp" and (fail_at or lose_at):
+        raise ValueError("fail_at and lose_at act inside the hand-built sync; use engine='hand'")
+
+
+def _ddp(model, spec):
+    cap_mb = 25 if spec.bucket_cap_bytes is None else spec.bucket_cap_bytes / 2**20
+    return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+
+
+def _ddp_step(ddp, optimizer, micro, samples, world):
+    """The production loop: DDP all-reduces (and averages) during the last backward."""
+    optimizer.zero_grad()
+    total, count = 0.0, 0
+    for j, (x, target) in enumerate(micro):
+        last = j == len(micro) - 1
+        with ddp.no_sync() if not last else contextlib.nullcontext():
+            loss = nn.functional.mse_loss(ddp(x), target)
+            (loss * (len(x) * world / samples)).backward()
+        total, count = total + loss.item() * len(x), count + len(x)
+    optimizer.step()
+    return total / count, SyncStats()  # DDP does not report its calls
+
+
+def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: str = "hand",
+          start: dict | None = None, segments: int = 1, progress: bool = False,
+          timeout: float = 60, **options) -> list[RankRun]:
+    """Train ``spec`` on ``world_size`` ranks; return each rank's :class:`RankRun`.
+
+    ``segments > 1`` cuts the run into that many launches, each resuming from the last
+    one's in-memory checkpoint (weights and optimizer state); ``progress`` shows a tqdm bar
+    that advances per segment. ``start`` resumes from a checkpoint (see
+    :func:`latest_checkpoint`); other options go to :func:`train_rank`.
+    """
+    from tqdm.auto import tqdm
+
+    from parlab.launch import run as launch
+
+    _check_engine(engine, options.get("fail_at"), options.get("lose_at"))
+    first = start["step"] if start else 0
+    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"segments must be a positive integer, got {segments!r}")
+    stops = sorted({first + round((spec.steps - first) * (s + 1) / segments)
+                    for s in range(segments)})
+    runs, done = None, first
+    bar = tqdm(total=spec.steps - first, unit="step", desc=f"{world_size} rank(s), {backend}") \
+        if progress else None
+    for stop in stops:
+        part = launch(train_rank, world_size, spec, engine=engine, start=start, stop=stop,
+                      backend=backend, timeout=timeout, **options)
+        runs = part if runs is None else [a.extend(b) for a, b in zip(runs, part)]
+        start = part[0].checkpoint
+        if bar is not None:
+            bar.update(stop - done)
+        done = stop
+    if bar is not None:
+        bar.close()
+    return runs
+
+
+def reference(spec: TrainSpec) -> RankRun:
+    """One process, no torch.distributed: plain SGD on the whole batch at once."""
+    model = make_model(spec)
+    optimizer = SGD(model.parameters(), spec.lr, spec.momentum)
+    run = RankRun(0, [], [], [], {})
+    for i in range(spec.steps):
+        x, target = make_batch(spec, i)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        run.losses.append(loss.item())
+    run.state = _cpu_state(model)
+    return run
+
+
+def latest_checkpoint(directory: str) -> dict | None:
+    """The newest checkpoint rank 0 wrote into ``directory`` (None if there is none)."""
+    files = sorted(f for f in os.listdir(directory) if f.startswith("step_") and f.endswith(".pt"))
+    return torch.load(os.path.join(directory, files[-1])) if files else None
+
+
+def read_journal(directory: str, rank: int) -> list[str]:
+    """The lines rank ``rank`` wrote into its journal during :func:`train`."""
+    path = os.path.join(directory, f"rank{rank}.log")
+    return open(path).read().splitlines() if os.path.exists(path) else []
+
+
+def max_difference(a: dict, b: dict) -> float:
+    """Largest absolute difference between two state dicts with the same keys."""
+    if a.keys() != b.keys():
+        raise ValueError(f"state dicts differ in names: {sorted(a)} vs {sorted(b)}")
+    return max(float((a[k] - b[k]).abs().max()) for k in a)

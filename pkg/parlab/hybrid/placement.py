@@ -1,0 +1,91 @@
+"""Where each rank of a (data, tensor, pipeline) layout runs: the chapter's rail-aligned placement.
+
+Why this module exists: the same three degrees can be cheap or expensive depending on which
+GPU each rank lands on. Figure 8-19 shows the placement that large clusters use, and this
+module computes it for any layout:
+
+- **tensor parallel innermost**: the ``tp`` ranks of a tensor-parallel group sit side by side
+  in one server, so their all-reduces (four per transformer block and micro-batch) ride on
+  NVLink, the book's high-speed domain; ``tp`` must therefore divide the GPUs of a server;
+- **pipeline stages along a rail**: stage k+1 of a replica sits on the *next server*, at the
+  same GPU position, so the activation it receives comes through a single rail switch (A1 ->
+  A2 -> A3 in Figure 8-19). When a pipeline is longer than the cluster has servers, it turns
+  around inside the last server (a "snake"), so the turn is an NVLink hop, not a spine hop;
+- **data parallel outermost**: replicas fill the remaining positions; the copies of one stage
+  then sit on the same rail (or in the same server), and the gradient all-reduce of that stage
+  stays off the spine.
+
+Ranks are numbered by :class:`parlab.comm.Mesh`, as Megatron-LM numbers them, tensor index
+fastest: ``rank = (replica * pp + stage) * tp + t``. GPUs are numbered server-major, as in
+:mod:`parlab.comm.topology` (GPU g is position ``g % gpus_per_server`` of server
+``g // gpus_per_server``), so ``topology.link_type(gpu_a, gpu_b)`` tells which link a
+message between two ranks uses.
+"""
+
+from __future__ import annotations
+
+import math
+
+from parlab.comm import GROUP_KINDS, Mesh, Topology, rail_optimized
+from parlab.tensor_parallel import divisors
+
+__all__ = ["place", "cluster", "group_links"]
+
+def _servers(gpus: int, gpus_per_server: int) -> int:
+    """How many servers ``gpus`` GPUs fill: whole servers, or one partly used server."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    if gpus > gpus_per_server and gpus % gpus_per_server:
+        raise ValueError(f"gpus={gpus} does not fill servers of {gpus_per_server} GPUs; use a "
+                         f"multiple of {gpus_per_server} (or fewer than one server)")
+    return math.ceil(gpus / gpus_per_server)
+
+
+def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = 400, **links) -> Topology:
+    """The rail-optimized cluster that holds ``gpus`` GPUs: full servers, or one partial server."""
+    return rail_optimized(_servers(gpus, gpus_per_server), gpus_per_server, nic_gbps, **links)
+
+
+def place(dp: int, tp: int, pp: int, gpus_per_server: int = 8) -> list[int]:
+    """The GPU (server-major index) of every rank, in rank order (see the module docstring)."""
+    mesh = Mesh(dp=dp, pp=pp, tp=tp)
+    gpus = mesh.size
+    per_server = min(gpus_per_server, gpus)
+    if per_server % tp:
+        raise ValueError(f"tp={tp} does not divide the {per_server} GPUs of a server: a "
+                         f"tensor-parallel group must sit inside one server (NVLink); "
+                         f"valid tp: {divisors(per_server)}")
+    servers = _servers(gpus, gpus_per_server)
+    snake = servers % pp != 0  # a pipeline must turn: make the turn an NVLink hop
+    gpu_of = []
+    for rank in range(gpus):
+        replica, stage, t = mesh.coordinates(rank)
+        slot = replica * pp + stage           # tensor-parallel groups, one after another,
+        column, server = divmod(slot, servers)  # down the servers at one position, then the next
+        if snake and column % 2:
+            server = servers - 1 - server
+        gpu_of.append(server * gpus_per_server + column * tp + t)
+    return gpu_of
+
+
+def group_links(dp: int, tp: int, pp: int, topology: Topology,
+                gpu_of: list[int] | None = None) -> dict[str, str | None]:
+    """The slowest link type each kind of group uses on ``topology`` (None: a group of one).
+
+    A ring all-reduce (tensor, data) is as slow as its slowest neighbour pair, a pipeline as
+    its slowest stage boundary; slowest means lowest bandwidth (spine < rail < NVLink at equal
+    NIC speed, since the spine adds latency).
+    """
+    gpu_of = gpu_of if gpu_of is not None else place(dp, tp, pp, topology.gpus_per_server)
+    order = {name: (spec.bandwidth, -spec.alpha) for name, spec in topology.links.items()}
+    links: dict[str, str | None] = {}
+    for kind in GROUP_KINDS:
+        pairs = set()
+        for members in Mesh(dp=dp, pp=pp, tp=tp).group_ranks(kind):
+            ring = members if kind != "pipeline" else members[:-1]
+            for i, rank in enumerate(ring):
+                nxt = members[(i + 1) % len(members)]
+                if nxt != rank:
+                    pairs.add(topology.link_type(gpu_of[rank], gpu_of[nxt]))
+        links[kind] = min(pairs, key=order.__getitem__) if pairs else None
+    return links

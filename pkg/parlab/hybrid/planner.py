@@ -1,0 +1,370 @@
+"""Choose the data, tensor and pipeline degrees for a model on a cluster: the 3D-parallel planner.
+
+Why this module exists: the slide decks end with "combine them", and someone must pick the
+numbers. :func:`plan` does what a person would do with chapters 01-04 open: for every way of
+writing the GPU count as dp x tp x pp, and every number of micro-batches, it asks
+
+- *does it fit?* memory per GPU from :func:`parlab.memory.estimate` (the busiest stage);
+- *how long does a step take?* compute from FLOPs, the pipeline bubble from
+  :mod:`parlab.pipeline`, and the time of every message from the alpha-beta model of
+  :mod:`parlab.comm.cost` on the links :mod:`parlab.hybrid.placement` puts each group on;
+
+then keeps the layouts that fit, sorted by step time. ``layout.explain()`` says in words why
+the winner wins, ``layout.placement()`` where each rank runs.
+
+The assumptions (every one is a keyword of :func:`plan`; see :class:`Assumptions`):
+
+- **Work**: one step trains ``global_batch`` sequences of ``seq`` tokens (GPT-3: 1536 x 2048,
+  about 3.2 M tokens); training FLOPs = 6 x parameters x tokens (forward 2, backward 4; the
+  attention-score FLOPs, a few percent at this length, are left out); each GPU does 1/gpus
+  of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x ``mfu`` (0.4: the share
+  of peak a GPU sustains in its matrix multiplications). Bubbles and communication come on
+  top of that, so the planner's own "achieved MFU" comes out lower.
+- **Memory**: bf16 mixed precision with Adam (2+2 bytes of weights and gradients, 4 of fp32
+  master weights, 8 of moments per parameter), activations of the micro-batches in flight
+  without recomputation, embeddings on the first stage and the head on the last: whatever
+  :func:`parlab.memory.estimate` counts.
+- **Degrees**: tp divides the attention heads and the GPUs of a server (tensor-parallel
+  groups stay on NVLink); pp divides the layers; dp x m divides the global batch; every
+  micro-batch count m that divides a replica's share of the batch is tried.
+- **Pipeline**: ``schedule`` 1F1B (or GPipe): a step of m micro-batches over pp stages lasts
+  (m + pp - 1) slots, i.e. the busy time divided by 1 - bubble fraction, with the bubble
+  fraction (pp-1)/(m+pp-1) of :func:`bubble_fraction`, checked against the simulator.
+- **Communication per micro-batch and stage** (nothing overlapped with compute: a
+  conservative, simple model): Megatron's tensor parallelism all-reduces b x s x d values
+  twice per block forward and twice backward, over the tensor group's link (NVLink); the
+  pipeline sends one activation forward and one gradient back, b x s x d values each, over
+  the pipeline's link (a rail); each of the tp GPUs of a stage sends its copy on its own NIC.
+  After the last micro-batch, each stage all-reduces its gradients (ring) across the dp
+  replicas, over their link (rails, or NVLink when replicas share a server).
+- **Network**: :func:`parlab.comm.topology.rail_optimized`, servers of 8 GPUs, NVLink 450 GB/s,
+  NICs of ``nic_gbps`` on rail switches, a non-blocking spine. Contention between groups
+  that share a NIC is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from parlab import memory
+from parlab.memory import Breakdown
+from parlab.units import format_bytes
+from parlab.models import TransformerConfig, count_parameters, get_config
+from parlab.comm import Mesh
+from parlab.hybrid.placement import cluster, group_links, place
+from parlab.tensor_parallel import divisors
+from parlab.comm import allreduce_time, Topology
+from parlab.models import H100_BF16_TFLOPS, MFU, compute_seconds
+
+__all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
+           "bubble_fraction", "table", "TIME_PARTS"]
+
+#: What a step's time is made of, in the order the figures stack it.
+TIME_PARTS = ("compute", "bubble", "tensor", "pipeline", "data")
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Everything the planner takes as given besides the model and the cluster."""
+
+    global_batch: int = 1536
+    seq: int | None = None            # None: the model's context length
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    gpu_tflops: float = H100_BF16_TFLOPS
+    mfu: float = MFU
+    schedule: str = "1f1b"
+    microbatches: tuple | None = None  # None: every count that divides a replica's batch
+
+    def __post_init__(self):
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
+                or self.global_batch < 1:
+            raise ValueError(f"global_batch must be a positive number of sequences, got "
+                             f"{self.global_batch!r}")
+        if not self.gpu_tflops > 0 or not 0 < self.mfu <= 1:
+            raise ValueError(f"gpu_tflops must be positive and mfu in (0, 1], got "
+                             f"{self.gpu_tflops!r} and {self.mfu!r}")
+        if self.schedule not in memory.ESTIMATED_SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
+                             f"{list(memory.ESTIMATED_SCHEDULES)}")
+
+    def sequence(self, config: TransformerConfig) -> int:
+        return self.seq or config.context
+
+
+def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float:
+    """Idle share of a pipeline's (GPU, slot) cells: (p-1)/(m+p-1) for GPipe and 1F1B.
+
+    The same number :func:`parlab.pipeline.simulator` counts on the real schedule (a test
+    holds the two together); 1F1B changes the memory, not the bubble.
+    """
+    if schedule not in memory.ESTIMATED_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(memory.ESTIMATED_SCHEDULES)}")
+    return (pp - 1) / (microbatches + pp - 1)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A (dp, tp, pp) that no micro-batch count can rescue, and why."""
+
+    dp: int
+    tp: int
+    pp: int
+    kind: str                        # "split" (degrees vs model/server), "memory" or "batch"
+    reason: str
+    memory: Breakdown | None = None  # the smallest footprint, when memory is the reason
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One evaluated layout: degrees, micro-batches, memory per GPU and the parts of a step."""
+
+    config: TransformerConfig
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int
+    micro_batch: int              # sequences per micro-batch
+    memory: Breakdown
+    times: dict                   # TIME_PARTS -> seconds per step
+    links: dict                   # "tensor" / "pipeline" / "data" -> link type (None: no group)
+    topology: Topology
+    assumptions: Assumptions
+    context: "Search | None" = field(default=None, compare=False, repr=False)
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def memory_per_gpu_bytes(self) -> int:
+        return self.memory.total
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    @property
+    def step_time_s(self) -> float:
+        return sum(self.times.values())
+
+    @property
+    def bubble_fraction(self) -> float:
+        return bubble_fraction(self.pp, self.microbatches, self.assumptions.schedule)
+
+    @property
+    def achieved_mfu(self) -> float:
+        """Useful FLOPs per step over what the GPUs could do at peak in the step's time."""
+        a = self.assumptions
+        return self.times["compute"] * a.mfu / self.step_time_s
+
+    @property
+    def name(self) -> str:
+        return f"dp {self.dp} x tp {self.tp} x pp {self.pp}, m={self.microbatches}"
+
+    def placement(self) -> list[int]:
+        """The GPU of every rank (server-major index into :attr:`topology`), in rank order."""
+        return place(self.dp, self.tp, self.pp, self.topology.gpus_per_server)
+
+    def placement_table(self, ranks: int = 16) -> str:
+        """The first ``ranks`` ranks: replica, stage, tensor index, GPU name, server, rail."""
+        gpu_of = self.placement()
+        lines = ["rank  replica  stage  tensor  GPU   server  rail"]
+        for rank in range(min(ranks, self.gpus)):
+            c, g = Mesh(dp=self.dp, pp=self.pp, tp=self.tp).coordinates(rank), gpu_of[rank]
+            lines.append(f"{rank:>4}  {c.replica:>7}  {c.stage:>5}  {c.tensor:>6}  "
+                         f"{self.topology.gpu_name(g):<4}  {self.topology.server(g):>6}  "
+                         f"{self.topology.rail(g):>4}")
+        if self.gpus > ranks:
+            lines.append(f"... {self.gpus - ranks} more ranks")
+        return "\n".join(lines)
+
+    def row(self) -> dict:
+        """The numbers of a table row (seconds and GB rounded for printing)."""
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "m": self.microbatches,
+                "b": self.micro_batch, "memory GB": round(self.memory_per_gpu_bytes / 1e9, 1),
+                "step s": round(self.step_time_s, 3),
+                **{f"{k} s": round(v, 3) for k, v in self.times.items()},
+                "MFU": round(self.achieved_mfu, 3)}
+
+    def explain(self) -> str:
+        """Why this layout, in plain words (compared with the others its search found)."""
+        from parlab.hybrid.explain import explain
+        return explain(self)
+
+    def __str__(self) -> str:
+        return (f"{self.name} (b={self.micro_batch}): {format_bytes(self.memory_per_gpu_bytes)}"
+                f" per GPU, {self.step_time_s:.3f} s per step")
+
+
+@dataclass
+class Search:
+    """Everything one :func:`search` looked at: evaluated layouts and rejected degrees."""
+
+    config: TransformerConfig
+    gpus: int
+    gpu_memory_gb: float
+    topology: Topology
+    assumptions: Assumptions
+    layouts: list = field(default_factory=list)    # every evaluated layout, fitting or not
+    rejected: list = field(default_factory=list)   # Rejected (dp, tp, pp)
+
+    @property
+    def ranked(self) -> list[Layout]:
+        """The layouts that fit, fastest first.
+
+        Ties (to the microsecond) go to fewer, larger micro-batches, which real GPUs run more
+        efficiently than this model knows, then to fewer pipeline stages.
+        """
+        fitting = [lay for lay in self.layouts if lay.fits]
+        return sorted(fitting, key=lambda lay: (round(lay.step_time_s, 6), lay.microbatches,
+                                                lay.pp, lay.tp))
+
+    def summary(self) -> str:
+        """How the search narrowed the candidates down, in one paragraph."""
+        count = lambda kind: sum(r.kind == kind for r in self.rejected)
+        shape, memory_bound, batch = count("split"), count("memory"), count("batch")
+        triples = len(self.rejected) + len({(x.dp, x.tp, x.pp) for x in self.layouts})
+        return (f"{self.config.name} on {self.gpus:,} GPUs of {self.gpu_memory_gb:g} GB: "
+                f"{triples} ways to "
+                f"write {self.gpus} = dp x tp x pp; {shape} cannot split the model (tp must "
+                f"divide the heads and stay in a server, pp must divide the layers), "
+                f"{memory_bound} do not fit even with one sequence per micro-batch, {batch} "
+                f"cannot split the batch of {self.assumptions.global_batch}; "
+                f"{len(self.layouts)} (dp, tp, pp, micro-batches) layouts evaluated, "
+                f"{len(self.ranked)} fit.")
+
+    def best_per_degrees(self) -> dict[tuple, Layout]:
+        """For each (dp, tp, pp) that fits, its fastest micro-batch count."""
+        best: dict[tuple, Layout] = {}
+        for lay in self.ranked:
+            best.setdefault((lay.dp, lay.tp, lay.pp), lay)
+        return best
+
+
+def _split_problem(config, tp, pp, per_server) -> str:
+    """Why (tp, pp) cannot split ``config``, or '' when they can."""
+    valid = [t for t in divisors(per_server) if config.n_heads % t == 0 == config.d_ff % t]
+    if config.n_heads % tp or config.d_ff % tp:
+        return f"tp={tp} does not divide the {config.n_heads} heads (valid tp here: {valid})"
+    if per_server % tp:
+        return (f"tp={tp} does not fit inside a server of {per_server} GPUs (valid tp here: "
+                f"{valid})")
+    if config.n_layers % pp:
+        return f"pp={pp} does not divide the {config.n_layers} layers"
+    return ""
+
+
+def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_bytes) -> dict:
+    """Seconds per step, part by part (see the module docstring for the model)."""
+    seq = a.sequence(config)
+    element = memory.PRECISIONS[a.precision].bytes
+    # one micro-batch through one stage: 1/(tp x pp) of the model's FLOPs for b x seq tokens
+    compute = compute_seconds(count_parameters(config)["total"] / (tp * pp), b * seq,
+                              a.gpu_tflops, a.mfu)
+    activation = b * seq * config.d_model * element                 # what crosses a boundary
+    tensor = 0.0
+    if tp > 1:
+        per_all_reduce = allreduce_time(activation, tp, "ring", topology.links[links["tensor"]])
+        tensor = 4 * (config.n_layers // pp) * per_all_reduce
+    pipeline = 2 * topology.links[links["pipeline"]].time(activation) if pp > 1 else 0.0
+    busy = compute + tensor + pipeline
+    fraction = bubble_fraction(pp, m, a.schedule)
+    data = (allreduce_time(gradient_bytes, dp, "ring", topology.links[links["data"]])
+            if dp > 1 else 0.0)
+    return {"compute": m * compute, "bubble": m * busy * fraction / (1 - fraction),
+            "tensor": m * tensor, "pipeline": m * pipeline, "data": data}
+
+
+def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float = 80,
+             topology: Topology | None = None, assumptions: Assumptions | None = None,
+             **kwargs) -> Layout:
+    """Memory and step time of one layout (fitting or not); keywords as in :func:`plan`."""
+    config = get_config(config)
+    a = assumptions or Assumptions(**kwargs)
+    topology = topology or cluster(dp * tp * pp)
+    per_server = min(topology.gpus_per_server, dp * tp * pp)
+    problem = _split_problem(config, tp, pp, per_server)
+    if problem:
+        raise ValueError(problem)
+    shape = (a.global_batch, a.sequence(config))
+    breakdown = memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
+                                microbatches, a.schedule, gpu_memory_gb)
+    gpu_of = place(dp, tp, pp, topology.gpus_per_server)
+    links = group_links(dp, tp, pp, topology, gpu_of)
+    b = a.global_batch // (dp * microbatches)
+    times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, breakdown.gradients)
+    return Layout(config, dp, tp, pp, microbatches, b, breakdown, times, links, topology, a)
+
+
+def _triples(gpus: int):
+    for tp in divisors(gpus):
+        for pp in divisors(gpus // tp):
+            yield gpus // (tp * pp), tp, pp
+
+
+def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | None = None,
+           nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> Search:
+    """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
+    config = get_config(config)
+    a = Assumptions(**assumptions)
+    if not gpu_memory_gb > 0:
+        raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
+    if topology is None:
+        topology = cluster(gpus, gpus_per_server, nic_gbps)
+    elif topology.size < gpus:
+        raise ValueError(f"the topology has {topology.size} GPUs, fewer than gpus={gpus}")
+    result = Search(config, gpus, gpu_memory_gb, topology, a)
+    per_server = min(topology.gpus_per_server, gpus)
+    seq = a.sequence(config)
+    for dp, tp, pp in _triples(gpus):
+        problem = _split_problem(config, tp, pp, per_server)
+        if problem:
+            result.rejected.append(Rejected(dp, tp, pp, "split", problem))
+            continue
+        floor = memory.estimate(config, (dp, seq), a.optimizer, a.precision, dp, tp, pp, 1,
+                                a.schedule, gpu_memory_gb)
+        if not floor.fits:
+            result.rejected.append(Rejected(
+                dp, tp, pp, "memory", f"even one sequence per micro-batch needs "
+                                      f"{format_bytes(floor.total)} per GPU", floor))
+            continue
+        if a.global_batch % dp:
+            result.rejected.append(Rejected(dp, tp, pp, "batch", f"dp={dp} does not divide "
+                                                                 f"the global batch of "
+                                                                 f"{a.global_batch}"))
+            continue
+        share = a.global_batch // dp
+        for m in (a.microbatches or divisors(share)):
+            if share % m == 0:
+                lay = evaluate(config, dp, tp, pp, m, gpu_memory_gb, topology, a)
+                result.layouts.append(replace(lay, context=result))
+    return result
+
+
+def plan(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | None = None,
+         nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> list[Layout]:
+    """The layouts of ``config`` on ``gpus`` GPUs that fit in ``gpu_memory_gb``, fastest first.
+
+    ``config`` is a :mod:`parlab.models` config or its name. The cluster is ``topology``, or
+    a rail-optimized one of servers of ``gpus_per_server`` GPUs with ``nic_gbps`` NICs.
+    Other keywords are :class:`Assumptions` (global_batch, seq, precision, optimizer,
+    gpu_tflops, mfu, schedule, microbatches). Every layout has ``dp``, ``tp``, ``pp``,
+    ``microbatches``, ``memory_per_gpu_bytes``, ``step_time_s``, ``placement()`` and
+    ``explain()``. An empty list means nothing fits: :func:`search` says why.
+    """
+    return search(config, gpus, gpu_memory_gb, topology=topology, nic_gbps=nic_gbps,
+                  gpus_per_server=gpus_per_server, **assumptions).ranked
+
+
+def table(layouts, top: int = 10) -> str:
+    """The first ``top`` layouts as aligned text: degrees, memory, step time and its parts."""
+    layouts = list(layouts)[:top]
+    if not layouts:
+        return "(no layout fits)"
+    rows = [lay.row() for lay in layouts]
+    header = list(rows[0])
+    cells = [[str(r[h]) for h in header] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    line = lambda items: "  ".join(s.rjust(w) for s, w in zip(items, widths))
+    return "\n".join([line(header)] + [line(c) for c in cells])

@@ -1,0 +1,255 @@
+"""Start N real torch.distributed ranks from a notebook cell (or a script) and get their results.
+
+Why this module exists: every chapter runs collectives between real processes, and a
+reader presses shift-enter many times. So a launch must be fast (ranks are forked from a
+forkserver that already imported torch: about a tenth of a second for 4 ranks after the
+first launch), must never hang the notebook (a rank's exception comes back within a second
+as :class:`RankError`; a hang ends at ``timeout``), must print each rank's output in rank
+order (so stored notebook outputs are deterministic), and must leave no process behind.
+
+Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set by the launcher) the same call runs
+``fn`` in the job that torchrun already started, so an example scales to many machines with
+NCCL without a code change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import Any, Callable
+
+import cloudpickle
+
+from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_backend, under_torchrun
+from parlab.launch.errors import RankError, RankTimeoutError
+from parlab.launch.rank import rank_main
+from parlab.launch.record import LaunchRecord, remember
+from parlab.launch.torchrun import run_under_torchrun
+
+__all__ = ["run", "preload"]
+
+_forkserver_ready = False
+_preload = ["parlab", "parlab.launch"]
+
+
+def preload(*modules: str) -> bool:
+    """Have the rank-starting forkserver import ``modules`` once, before the first launch.
+
+    Ranks are forked from a server that already imported torch and parlab. A chapter whose
+    ranks use a heavy module (``torch.distributed.tensor``, ``torch.distributed.pipelining``)
+    calls this first, so each launch does not import it again in every rank (seconds per
+    launch on a small machine). Returns False when the server is already running: the
+    modules are then imported by each rank as usual, which is slower but still correct.
+    """
+    for name in modules:
+        importlib.import_module(name)  # a typo fails here, not inside every rank
+    if _forkserver_ready:
+        return False
+    _preload.extend(m for m in modules if m not in _preload)
+    return True
+
+
+def _context():
+    """The forkserver context, preloading torch and parlab once per Python process."""
+    global _forkserver_ready
+    ctx = mp.get_context("forkserver")
+    if not _forkserver_ready:
+        ctx.set_forkserver_preload(list(_preload))
+        _forkserver_ready = True
+    return ctx
+
+
+
+def run(fn: Callable, world_size: int, *args, backend: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT, threads: int | None = None, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return each rank's result, in rank order.
+
+    Inside ``fn``, ``torch.distributed`` is initialised: ``dist.get_rank()``,
+    ``dist.all_reduce(...)`` and friends work, and :func:`rank_device` gives the device.
+
+    - ``backend``: None picks ``"nccl"`` with one GPU per rank when there are enough GPUs,
+      else ``"gloo"`` on the CPU; any registered backend by name (``"toy"`` logs traffic).
+    - ``timeout``: seconds for the whole launch, also the process-group timeout.
+    - ``threads``: torch threads per rank (default: the CPU cores shared among the ranks).
+
+    Raises :class:`RankError` (with the rank and its traceback) when a rank raises or dies,
+    :class:`RankTimeoutError` when ranks are still running at the timeout, and
+    ``ValueError`` for arguments that cannot work. Each rank's printed output is shown as
+    ``[rank r] ...`` in rank order after the ranks finish.
+    """
+    if "PARLAB_RANK" in os.environ:
+        raise RuntimeError("parlab.launch.run was called inside a rank; call it from the notebook")
+    if under_torchrun():
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        backend = check_arguments(fn, world_size, backend or default_backend(local), timeout,
+                                   check_local_gpus=False)
+        return run_under_torchrun(fn, world_size, backend, args, kwargs)
+    backend = check_arguments(fn, world_size, backend, timeout)
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    return _run_local(fn, world_size, backend, float(timeout), threads, args, kwargs)
+
+
+def _run_local(fn, world_size, backend, timeout, threads, args, kwargs):
+    started = time.monotonic()
+    ctx = _context()
+    payload = cloudpickle.dumps((fn, args, kwargs))
+    workdir = tempfile.mkdtemp(prefix="parlab-")
+    alive_recv, alive_send = ctx.Pipe(duplex=False)
+    procs, conns = [], []
+    outputs: list[str] = []
+    try:
+        for rank in range(world_size):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=rank_main, name=f"parlab-rank-{rank}", daemon=True,
+                args=(rank, world_size, backend, os.path.join(workdir, "store"), timeout, threads,
+                      payload, send, alive_recv, os.path.join(workdir, f"rank{rank}.out")),
+            )
+            proc.start()
+            send.close()
+            procs.append(proc)
+            conns.append(recv)
+        results, extras = _collect(procs, conns, started + timeout, timeout, workdir)
+    finally:
+        _stop(procs)
+        alive_send.close()
+        alive_recv.close()
+        for conn in conns:
+            conn.close()
+        outputs = _read_outputs(workdir, world_size)
+        shutil.rmtree(workdir, ignore_errors=True)
+        _print_outputs(outputs)
+    remember(LaunchRecord(world_size, backend, time.monotonic() - started, outputs, extras))
+    return results
+
+
+#: After the first failure, how long to listen for others before naming the cause.
+_GRACE_S = 0.3
+#: Words of an error that a rank gets because *another* rank went away.
+_PEER_WORDS = ("connection reset", "connection closed", "remote worker", "broken pipe",
+               "peer", "recv error", "read error", "write error")
+
+
+def _collect(procs, conns, deadline, timeout, workdir):
+    world_size = len(procs)
+    results: list[Any] = [None] * world_size
+    extras: list[dict] = [{} for _ in range(world_size)]
+    pending, returned = set(range(world_size)), set()
+    failures: list[tuple] = []  # (kind, rank, exc_type, text, traceback), in arrival order
+    first_failure = None
+    by_conn = {conn: rank for rank, conn in enumerate(conns)}
+    by_sentinel = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+    while pending:
+        if failures and first_failure is None:
+            first_failure = time.monotonic()
+            deadline = min(deadline, first_failure + _GRACE_S)
+        remaining = deadline - time.monotonic()
+        waitables = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
+        ready = mpc.wait(waitables, timeout=remaining) if remaining > 0 else []
+        if not ready:
+            break
+        for item in sorted(ready, key=lambda w: w not in by_conn):  # messages before deaths
+            rank = by_conn.get(item, by_sentinel.get(item))
+            if rank not in pending:
+                continue
+            if item in by_conn:
+                try:
+                    message = cloudpickle.loads(item.recv_bytes())
+                except (EOFError, OSError):  # the pipe closed with nothing said: it died
+                    message = ("died",)
+                if message[0] == "returned":
+                    returned.add(rank)
+                elif message[0] == "ok":
+                    results[rank], extras[rank] = message[1], message[2]
+                    pending.discard(rank)
+                elif message[0] == "error":
+                    failures.append(("raised", rank) + tuple(message[1:]))
+                    pending.discard(rank)
+            if item not in by_conn or message[0] == "died":
+                if item not in by_conn and conns[rank].poll():
+                    continue  # its last words are waiting in the pipe: read them first
+                procs[rank].join(1)
+                failures.append(("died", rank, None, procs[rank].exitcode, ""))
+                pending.discard(rank)
+    if failures:
+        _stop(procs)
+        _raise_failure(failures, world_size, workdir)
+    if pending:
+        ranks, done = sorted(pending), sorted(returned)
+        raise RankTimeoutError(
+            f"rank(s) {ranks} of {world_size} did not finish within {timeout:g} s"
+            + (f"; rank(s) {done} had returned from fn and were waiting for the others" if done else "")
+            + ". A rank waiting for a collective that another rank never calls hangs: check "
+            "that every rank makes the same collective calls in the same order; if the work "
+            "is just slow, pass a larger timeout=.",
+            pending=ranks, outputs=_read_outputs(workdir, world_size),
+        )
+    return results, extras
+
+
+def _raise_failure(failures, world_size, workdir):
+    """Name the root cause: a rank that died, else a real error, else a peer's lost connection."""
+    def badness(failure):
+        kind, _, _, text, _ = failure
+        if kind == "died":
+            return 0
+        return 2 if any(w in str(text).lower() for w in _PEER_WORDS) else 1
+    kind, rank, exc_type, text, tb = min(failures, key=badness)  # stable: earliest among equals
+    outputs = _read_outputs(workdir, world_size)
+    others = sorted({f[1] for f in failures} - {rank})
+    also = f"\n(rank(s) {others} failed after it, as a consequence)" if others else ""
+    if kind == "died":
+        how = (f"was killed by signal {-text}" if text is not None and text < 0
+               else f"exited with code {text}" if text is not None else "exited")
+        raise RankError(f"rank {rank} {how} before returning a result{also}. Its last output:\n"
+                        + _tail(outputs[rank]), rank=rank, outputs=outputs)
+    raise RankError(
+        f"rank {rank} raised {exc_type}: {text}{also}\n\n--- traceback of rank {rank} ---\n{tb}",
+        rank=rank, exc_type=exc_type, rank_traceback=tb, outputs=outputs,
+    )
+
+
+def _stop(procs) -> None:
+    """Kill every rank that is still alive (its whole process group), and reap it."""
+    for proc in procs:
+        if proc.pid is None or proc.exitcode is not None:
+            continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                proc.kill()
+            except (ProcessLookupError, ValueError, AttributeError):
+                pass
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(5)
+
+
+def _read_outputs(workdir, world_size) -> list[str]:
+    outputs = []
+    for rank in range(world_size):
+        try:
+            with open(os.path.join(workdir, f"rank{rank}.out"), errors="replace") as f:
+                outputs.append(f.read())
+        except OSError:
+            outputs.append("")
+    return outputs
+
+
+def _print_outputs(outputs) -> None:
+    for rank, text in enumerate(outputs):
+        for line in text.splitlines():
+            print(f"[rank {rank}] {line}")
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+

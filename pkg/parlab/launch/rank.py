@@ -1,0 +1,92 @@
+"""The rank side of a local launch: what each forked process does from start to exit.
+
+A rank joins the process group through a file store, runs ``fn``, sends its result (or its
+exception and traceback) down a pipe, and exits. It watches a second pipe so that it dies
+with its caller, and it makes its own process group so the caller can kill whatever it
+started.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import sys
+import threading
+import time
+import traceback
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from parlab.launch.record import collectors
+
+__all__ = ["rank_main"]
+
+_LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
+
+def _watch_parent(alive_conn) -> None:
+    """Exit this rank as soon as the caller closes its end of the liveness pipe (or dies)."""
+    try:
+        alive_conn.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    os._exit(70)
+
+
+def _redirect_output(out_path: str) -> None:
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
+
+
+def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload, result_conn,
+               alive_conn, out_path):
+    """Entry point of one rank (runs in a process forked by the forkserver)."""
+    os.setpgrp()  # our own process group, so the caller can kill anything this rank started
+    threading.Thread(target=_watch_parent, args=(alive_conn,), daemon=True).start()
+    _redirect_output(out_path)
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size), PARLAB_RANK=str(rank),
+    )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", _LOOPBACK)
+    torch.set_num_threads(threads)
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        options = {}
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            options["device_id"] = torch.device("cuda", rank)
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s), **options)
+        dist.barrier()
+        result = fn(*args, **kwargs)
+        result_conn.send_bytes(cloudpickle.dumps(("returned",)))
+        extras = {name: collect() for name, collect in collectors().items()}
+        dist.barrier()  # every rank finished fn before anyone tears the group down
+        dist.destroy_process_group()
+        message = cloudpickle.dumps(("ok", result, extras))
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
+        frames = exc.__traceback__.tb_next or exc.__traceback__  # drop this wrapper's frame
+        tb = "".join(traceback.format_exception(type(exc), exc, frames))
+        message = cloudpickle.dumps(("error", type(exc).__name__, str(exc), tb))
+        _finish(result_conn, message, stay=True)
+    _finish(result_conn, message, stay=False)
+
+
+def _finish(result_conn, message: bytes, stay: bool) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    result_conn.send_bytes(message)
+    if stay:
+        # A failed rank waits to be stopped: if it exited now, its peers would fail with
+        # "connection closed" and could reach the caller before the real cause.
+        time.sleep(3600)
+    os._exit(0)
+

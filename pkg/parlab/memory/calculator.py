@@ -1,0 +1,344 @@
+"""How much GPU memory training takes: a calculator, and a measurement that checks it.
+
+Why this module exists: Figure 8-1 lists what a GPU holds while it trains, and the chapter's
+argument for parallelism is that for a large model the list no longer fits. :func:`estimate`
+puts a number of bytes on each part for any model, precision, optimizer and data / tensor /
+pipeline split; :func:`measure` runs a real training step and counts what it actually kept,
+so the formulas below are tested, not trusted.
+
+Units: bytes; ``GB`` is 10**9 bytes (:mod:`parlab.units`; an "80 GB" card holds 80 x 10**9).
+
+What the estimate counts, per GPU (the most loaded pipeline stage), for N parameters on it:
+
+- parameters  N x 4 bytes in fp32; N x 2 in fp16/bf16 mixed precision;
+- gradients   the same size as the parameters (kept between steps);
+- master weights (mixed precision only): an fp32 copy, N x 4;
+- optimizer state, fp32: SGD 0, SGD with momentum 4 N (one buffer), Adam 8 N (two moments);
+  (torch's Adam also keeps a 4-byte step counter per parameter *tensor*: ignored);
+- activations: what autograd saves for the backward pass, times the micro-batches in flight.
+
+Activations of one micro-batch of b sequences of length T, element size s (4 or 2 bytes), for
+:func:`parlab.models.build_model` (found by listing what autograd saves, op by op):
+
+- each block: LayerNorm inputs and outputs 4bTd and their mean/rstd 4bT (replicated under
+  tensor parallelism); Q, K, V head copies and the attention output 4bTd, GELU input and output
+  2bT d_ff, softmax probabilities b h T^2 (all divided by tp); all times s, plus the causal
+  mask, T^2 bytes;
+- embedding: token ids 8bT and positions 8T; head: final LayerNorm 2bTd + 2bT, log-probs
+  bT vocab/tp, times s; targets 8bT;
+- a :class:`~parlab.models.BookMLP` of widths n_0 ... n_L: s b (n_0 + n_1 + ... + n_L + n_L):
+  its input, each layer's output (ReLU, sigmoid and tanh save their output, which the next
+  layer needs anyway) and the target of the loss.
+
+Not counted: temporary buffers that live only inside one operation (the gradient of the
+logits, matmul workspaces), data loaders, the CUDA context. ``measure`` on a GPU reports
+them as ``other``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import torch
+
+from parlab.models import BookMLP, get_config, TransformerConfig
+from parlab.units import GB, format_bytes
+
+__all__ = ["PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Precision",
+           "Setup", "estimate", "min_gpus", "activation_bytes", "activations_per_layer",
+           "resolve_setup", "describe_setup"]
+
+
+
+class Precision(NamedTuple):
+    name: str
+    dtype: torch.dtype
+    bytes: int      # bytes per parameter, gradient and activation element
+    master: bool    # an fp32 copy of the weights for the optimizer
+
+
+PRECISIONS = {p.name: p for p in (Precision("fp32", torch.float32, 4, False),
+                                   Precision("fp16", torch.float16, 2, True),
+                                   Precision("bf16", torch.bfloat16, 2, True))}
+#: fp32 state values the optimizer keeps per parameter
+OPTIMIZERS = {"sgd": 0, "momentum": 1, "adam": 2}
+#: micro-batches whose activations the first pipeline stage holds at once: GPipe all m, 1F1B p
+ESTIMATED_SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes per part of what one GPU holds while training; ``total`` adds them up."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    activations: int
+    other: int = 0          # measured on a GPU only: the transient rest of the peak
+    capacity: int = 80 * GB
+    label: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts().values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def parts(self) -> dict[str, int]:
+        """Part name -> bytes, in the order of a stacked bar."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("capacity", "label")}
+
+    def table(self) -> str:
+        """A fixed-width table: each part, its size and its share, the total and the capacity."""
+        total = self.total or 1
+        lines = [self.label] if self.label else []
+        lines += [f"{name.replace('_', ' '):<16} {format_bytes(n):>10} {100 * n / total:5.1f} %"
+                  for name, n in self.parts().items() if n or name != "other"]
+        verdict = "fits" if self.fits else f"does not fit ({self.total / self.capacity:.3g}x)"
+        lines += [f"{'total':<16} {format_bytes(self.total):>10}",
+                  f"{'GPU capacity':<16} {format_bytes(self.capacity):>10}  {verdict}"]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The fewest GPUs found for a job: the split and what the busiest GPU then holds."""
+
+    gpus: int
+    dp: int
+    tp: int
+    pp: int
+    breakdown: Breakdown
+    ideal: int  # ceil(everything on one GPU / capacity): a lower bound no split can beat
+
+    def __str__(self) -> str:
+        return (f"at least {self.gpus} GPUs (data {self.dp} x tensor {self.tp} x pipeline "
+                f"{self.pp}); a perfect even split would need {self.ideal}")
+
+
+class Setup(NamedTuple):
+    model: TransformerConfig | BookMLP
+    batch: int
+    seq: int
+    precision: Precision
+    optimizer: str
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int
+    schedule: str
+    capacity: int
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch // (self.dp * self.microbatches)
+
+    def in_flight(self, stage: int) -> int:
+        if self.schedule == "gpipe":
+            return self.microbatches
+        return min(self.pp - stage, self.microbatches)
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
+           gpu_memory_gb) -> Setup:
+    """Check every argument once, with an error that names the bad value and the valid ones."""
+    if isinstance(model, str):
+        model = get_config(model)
+    if not isinstance(model, (TransformerConfig, BookMLP)):
+        raise TypeError(f"model must be a TransformerConfig, a config name or a BookMLP, "
+                        f"got {type(model).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)} "
+                         f"(fp16/bf16 mean mixed precision with fp32 master weights)")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
+    if schedule not in ESTIMATED_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(ESTIMATED_SCHEDULES)}")
+    shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+    if isinstance(model, TransformerConfig):
+        if len(shape) != 2:
+            raise ValueError(f"a transformer's input_shape is (batch, seq), got {input_shape!r}")
+        batch, seq = shape
+        _positive("seq", seq)
+        if seq > model.context:
+            raise ValueError(f"seq={seq} exceeds {model.name}'s context of {model.context}")
+    else:
+        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != model.sizes[0]):
+            raise ValueError(f"an MLP's input_shape is (batch,) or (batch, {model.sizes[0]}), "
+                             f"got {input_shape!r}")
+        batch, seq = shape[0], 1
+    _positive("batch", batch)
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
+        _positive(name, value)
+    if batch % (dp * microbatches):
+        raise ValueError(f"batch={batch} does not split into dp={dp} x microbatches="
+                         f"{microbatches} equal micro-batches")
+    layers = model.n_layers if isinstance(model, TransformerConfig) else len(model.layers)
+    if pp > layers:
+        raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
+    if isinstance(model, TransformerConfig):
+        if model.n_heads % tp or model.d_ff % tp:
+            raise ValueError(f"tp={tp} must divide n_heads={model.n_heads} and "
+                             f"d_ff={model.d_ff}")
+    elif tp != 1:
+        raise ValueError(f"tensor parallelism is modelled for transformer configs; "
+                         f"use tp=1 for {model!r}")
+    if not gpu_memory_gb > 0:
+        raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
+    return Setup(model, batch, seq, PRECISIONS[precision], optimizer, dp, tp, pp, microbatches,
+                  schedule, int(gpu_memory_gb * GB))
+
+
+def _split(n: int, parts: int) -> list[int]:
+    """n layers over ``parts`` stages as evenly as possible, the extra ones first."""
+    return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
+
+
+def _stage_parameters(s: Setup, stage: int) -> int:
+    """Parameters one GPU of pipeline ``stage`` holds (Megatron's tensor-parallel layout)."""
+    m, t, last = s.model, s.tp, stage == s.pp - 1
+    if isinstance(m, BookMLP):
+        first = sum(_split(len(m.layers), s.pp)[:stage])
+        layers = m.layers[first:first + _split(len(m.layers), s.pp)[stage]]
+        return sum(layer.W.numel() + layer.b.numel() for layer in layers)
+    d, f = m.d_model, m.d_ff
+    block = (4 * d * d + 3 * d) // t + d + (2 * d * f + f) // t + d + 4 * d  # bias after a
+    n = _split(m.n_layers, s.pp)[stage] * block                                # row split is whole
+    word = math.ceil(m.vocab / t) * d
+    if stage == 0:
+        n += word + m.context * d
+    if last:
+        n += 2 * d + (word if (not m.tied_embeddings or s.pp > 1) else 0)
+    return n
+
+
+def _micro(model, batch, seq, precision, tp=1, pp=1) -> Setup:
+    """Validate the arguments of one micro-batch's activation count."""
+    model = get_config(model) if isinstance(model, str) else model
+    shape = (batch, seq) if isinstance(model, TransformerConfig) else (batch,)
+    return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80)
+
+
+def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", tp: int = 1,
+                     stage: int = 0, pp: int = 1) -> int:
+    """Bytes autograd saves for one micro-batch of ``batch`` x ``seq`` on one pipeline stage.
+
+    The pipeline chapter multiplies this by the micro-batches a stage holds in flight.
+    """
+    s = _micro(model, batch, seq, precision, tp, pp)
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in 0..{pp - 1}, got {stage}")
+    per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp).values())
+    counts = _split(len(per_layer) - 2, pp)  # the first and last entries are the two ends
+    start = 1 + sum(counts[:stage])
+    total = sum(per_layer[start:start + counts[stage]])
+    if stage == 0:
+        total += per_layer[0]
+    if stage == pp - 1:
+        total += per_layer[-1]
+    if isinstance(s.model, BookMLP) and stage > 0:  # the input this stage received
+        total += batch * s.model.sizes[start - 1] * s.precision.bytes
+    return total
+
+
+def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp32",
+                          tp: int = 1) -> dict[str, int]:
+    """Saved bytes of one micro-batch, layer by layer: the input end, each layer, the loss end."""
+    s = _micro(model, batch, seq, precision, tp)
+    e, m = s.precision.bytes, s.model
+    if isinstance(m, BookMLP):
+        out = {"input": batch * m.sizes[0] * e}
+        out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
+        return out | {"loss": batch * m.sizes[-1] * e}
+    bt = batch * seq
+    replicated = 4 * bt * m.d_model + 4 * bt
+    split = (4 * bt * m.d_model + 2 * bt * m.d_ff + batch * m.n_heads * seq * seq) // tp
+    block = e * (replicated + split) + seq * seq
+    out = {"embedding": 8 * bt + 8 * seq}
+    out |= {f"block {i}": block for i in range(1, m.n_layers + 1)}
+    head = e * (2 * bt * m.d_model + 2 * bt + bt * math.ceil(m.vocab / tp) + 1) + 8 * bt
+    return out | {"head": head}
+
+
+def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
+    n = _stage_parameters(s, stage)
+    acts = activation_bytes(s.model, s.micro_batch, s.seq, s.precision.name, s.tp, stage, s.pp)
+    return Breakdown(parameters=n * s.precision.bytes, gradients=n * s.precision.bytes,
+                     optimizer_state=4 * OPTIMIZERS[s.optimizer] * n,
+                     master_weights=4 * n if s.precision.master else 0,
+                     activations=s.in_flight(stage) * acts, capacity=s.capacity, label=label)
+
+
+def describe_setup(s: Setup, what: str) -> str:
+    name = s.model.name if isinstance(s.model, TransformerConfig) else repr(s.model)
+    split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
+    mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
+    return (f"{what}: {name}, batch {s.batch}" + (f" x seq {s.seq}" if s.seq > 1 else "")
+            + f", {s.precision.name}, {s.optimizer}{split}{mb}")
+
+
+def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32", dp: int = 1,
+             tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
+             gpu_memory_gb: float = 80) -> Breakdown:
+    """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
+
+    ``input_shape`` is the global batch: ``(batch, seq)`` for a transformer, ``(batch,)`` for
+    an MLP. Each of the ``dp`` replicas takes batch/dp, cut into ``microbatches``; layers are
+    spread over ``pp`` stages and each layer's matrices over ``tp`` GPUs. Only the first and
+    the last stage are evaluated: the first holds the embeddings and the most micro-batches in
+    flight, the last the output layer, and a middle stage never holds more than the first.
+    """
+    s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
+               gpu_memory_gb)
+    stages = {0, pp - 1}
+    label = describe_setup(s, "estimate per GPU")
+    return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
+
+
+def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32",
+             gpu_memory_gb: float = 80, microbatches: int = 1, schedule: str = "1f1b",
+             max_tp: int = 8) -> Plan:
+    """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
+
+    Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
+    GPUs), as in practice; pipeline stages may hold unequal numbers of layers.
+    Plain data parallelism copies the whole model state, so it only helps by cutting the
+    activations of each replica.
+    """
+    s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, 1, schedule, gpu_memory_gb)
+    one = estimate(model, input_shape, optimizer, precision, gpu_memory_gb=gpu_memory_gb)
+    ideal = math.ceil(one.total / s.capacity)
+    transformer = isinstance(s.model, TransformerConfig)
+    layers = s.model.n_layers if transformer else len(s.model.layers)
+    tps = [2**i for i in range(max_tp.bit_length()) if transformer and 2**i <= max_tp
+           and s.model.n_heads % 2**i == 0 and s.model.d_ff % 2**i == 0] or [1]
+    dps = [d for d in range(1, s.batch + 1) if s.batch % (d * microbatches) == 0]
+    best = None
+    for dp in dps:
+        for tp in tps:
+            for pp in range(1, layers + 1):
+                if best is not None and dp * tp * pp >= best.gpus:
+                    break
+                b = estimate(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
+                             schedule, gpu_memory_gb)
+                if b.fits:
+                    best = Plan(dp * tp * pp, dp, tp, pp, b, ideal)
+                    break
+    if best is None:
+        raise ValueError(f"{describe_setup(s, 'does not fit')} on any split up to tp={max_tp}, "
+                         f"pp={layers}: use more micro-batches or a bigger GPU")
+    return best

@@ -1,0 +1,118 @@
+"""Measure what a real training step keeps in memory, part by part, to check the calculator.
+
+Why this module exists: :func:`parlab.memory.estimate` is a set of formulas; this runs the
+same model, batch, precision and optimizer for real and counts the storages it holds, so the
+formulas are tested, not trusted (chapter 01 shows the two side by side). Split from
+:mod:`parlab.memory.calculator` to keep each module short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import fields
+
+import torch
+
+from parlab.memory.calculator import Breakdown, describe_setup, resolve_setup, Setup
+from parlab.models import TransformerConfig
+
+__all__ = ["measure"]
+
+
+def _unique_bytes(tensors) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if t is not None}
+    return sum(storages.values())
+
+
+def _trainable(s: Setup, device, seed):
+    """A real model in the compute dtype, and one loss closure per micro-batch in flight."""
+    import torch.nn.functional as F
+
+    from parlab.models import build_model
+
+    g = torch.Generator().manual_seed(seed)
+    mb, dtype, m = s.micro_batch, s.precision.dtype, s.model
+    if isinstance(m, TransformerConfig):
+        net = build_model(m, seed=seed, dtype=dtype, device=device)
+        data = [[torch.randint(0, m.vocab, (mb, s.seq), generator=g).to(device) for _ in "xt"]
+                for _ in range(s.in_flight(0))]
+        return net, [lambda x=x, t=t: net.loss(x, t) for x, t in data]
+    net = m.to_torch(dtype).to(device)
+    data = [[torch.randn(mb, n, generator=g).to(device, dtype) for n in (m.sizes[0], m.sizes[-1])]
+            for _ in range(s.in_flight(0))]
+    return net, [lambda x=x, t=t: F.mse_loss(net(x), t) for x, t in data]
+
+
+def measure(model, input_shape, optimizer: str = "adam", precision: str = "fp32", dp: int = 1,
+            tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
+            gpu_memory_gb: float = 80, device: str = "cpu", seed: int = 0) -> Breakdown:
+    """Run real training steps and count, part by part, the bytes the second step kept.
+
+    The first step creates the gradients and the optimizer state (torch allocates both
+    lazily); the second is measured. Parameters, gradients, optimizer state and master
+    weights are the storages of the real tensors. Activations are the distinct storages that
+    autograd saved during the forward pass (a ``saved_tensors_hooks`` pair sees each one),
+    all alive at the end of the forward pass, which is the peak; parameters saved by
+    reference are not counted twice. On CUDA, ``other`` is
+    ``torch.cuda.max_memory_allocated()`` minus all that: the transient buffers.
+    ``tests/test_cuda.py`` checks on a GPU that every other part equals the CPU measurement
+    (run on an H100; CPU-only CI skips it).
+
+    One process plays one data-parallel rank (batch/dp per step), so tp and pp must be 1.
+    """
+    s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
+               gpu_memory_gb)
+    if tp != 1 or pp != 1:
+        raise ValueError("measure runs in one process: tp and pp must be 1 (chapters 03 and 04 "
+                         "measure the split layers on real ranks)")
+    net, loss_fns = _trainable(s, device, seed)
+    params = list(net.parameters())
+    masters = [p.detach().float().clone() for p in params] if s.precision.master else params
+    opt = {"sgd": lambda: torch.optim.SGD(masters, lr=1e-3),
+           "momentum": lambda: torch.optim.SGD(masters, lr=1e-3, momentum=0.9),
+           "adam": lambda: torch.optim.Adam(masters, lr=1e-3)}[s.optimizer]()
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def train_step(record: bool):
+        for p in params:  # gradients stay allocated between steps, as the estimate assumes
+            if p.grad is not None:
+                p.grad.zero_()
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with hooks if record else contextlib.nullcontext():
+            losses = [loss_fn() for loss_fn in loss_fns]
+        for loss in losses:
+            loss.backward()
+        if s.precision.master:
+            for p, m in zip(params, masters):
+                m.grad = p.grad.float()
+        opt.step()
+        if s.precision.master:
+            with torch.no_grad():
+                for p, m in zip(params, masters):
+                    p.copy_(m)
+                    m.grad = None
+
+    train_step(record=False)
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    train_step(record=True)
+    state = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    owned = {t.untyped_storage().data_ptr() for t in params + masters}
+    b = Breakdown(parameters=_unique_bytes(params),
+                  gradients=_unique_bytes(p.grad for p in params),
+                  optimizer_state=_unique_bytes(state),
+                  master_weights=_unique_bytes(masters) if s.precision.master else 0,
+                  activations=sum(n for ptr, n in saved.items() if ptr not in owned),
+                  capacity=s.capacity, label=describe_setup(s, f"measured on {device}"))
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device)
+        b = Breakdown(**{**{f.name: getattr(b, f.name) for f in fields(b)},
+                         "other": max(0, peak - b.total)})
+    return b

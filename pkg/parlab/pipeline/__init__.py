@@ -1,0 +1,27 @@
+"""Pipeline parallelism (chapter 03, Figures 8-3 to 8-14): schedules, simulator, executor.
+
+``schedules`` (schedules as per-rank action lists: book, naive, GPipe, 1F1B, interleaved),
+``simulator`` (the per-step table, bubble and in-flight activations of a schedule), ``book``
+(the chapter's own wording and the slips in its step lists), ``executor`` (a schedule run on
+real ranks, logged step by step), ``hybrid`` (pipeline + data parallelism, and
+``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
+numbers). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and :mod:`parlab.memory`.
+"""
+
+from parlab.pipeline.schedules import SCHEDULES, Action, from_order, Schedule, schedule
+from parlab.pipeline.simulator import Event, simulate, Simulation, stage_gpu_names, StageTransfer
+from parlab.pipeline.book import BOOK_ACTIVE_PERCENT, BOOK_STEPS, describe_step, errata, Erratum
+from parlab.pipeline.executor import execute, Execution, Network, reference
+from parlab.pipeline.hybrid import (
+    HybridRun, our_action_order, pipeline_data_parallel, torch_pipelining, TorchRun
+)
+from parlab.pipeline.tradeoffs import (
+    COMPARED, DEFAULT_MODEL, compare, comparison_table, peak_activation_bytes, ScheduleCost
+)
+
+__all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTransfer", "Event",
+           "Simulation", "simulate", "stage_gpu_names", "describe_step", "BOOK_STEPS",
+           "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
+           "reference", "HybridRun", "pipeline_data_parallel", "TorchRun", "torch_pipelining",
+           "our_action_order", "compare", "comparison_table", "ScheduleCost",
+           "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL"]

@@ -1,0 +1,58 @@
+"""Tensor parallelism (chapter 04, Figures 8-15 to 8-19): one layer's weights split across GPUs.
+
+Bottom up: ``sharding`` (who owns which slice of a tensor), ``mappings`` (the f and g
+operators as autograd functions: what each collective's backward is), ``layers``
+(column- and row-parallel linear layers, vocabulary-parallel embeddings, under Megatron-LM's
+names), ``attention`` (self-attention split three ways: the book's, Megatron's, DTensor's),
+``ffn`` (Figure 8-19's feed-forward network on 6 GPUs), ``counting`` (the chapter's numbers
+as formulas), ``runs`` and ``layer_runs`` (each split on real ranks beside its one-device
+twin). Imports :mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and
+:mod:`parlab.memory`.
+"""
+
+from parlab.tensor_parallel.sharding import (
+    KINDS, balanced_ranges, check_degree, describe, divisors, even_ranges, merge, shard_spec,
+    ShardSpec, split
+)
+from parlab.tensor_parallel.mappings import (
+    all_gather_cat, broadcast_from, copy_to_region, gather_for_use, gather_from_region,
+    local_slice, reduce_from_region, reduce_scatter_slice, scatter_to_region
+)
+from parlab.tensor_parallel.layers import (
+    BroadcastEmbedding, ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
+    VocabParallelEmbedding
+)
+from parlab.tensor_parallel.attention import (
+    PROJECTIONS, attend, BookAttention, dtensor_attention, dtensor_local_grads, MegatronAttention,
+    SelfAttention
+)
+from parlab.tensor_parallel.ffn import (
+    FIGURE_8_19_SIZES, ffn_data, ffn_rank, layout, link_of, Placement, reference_ffn
+)
+from parlab.tensor_parallel.counting import (
+    BOOK_SAYS, SLIDE_FORMULAS, attention_bytes, embedding_table, ffn_bytes, gpt3_counts,
+    parameter_memory, slide_costs, strategy_bytes, total
+)
+from parlab.tensor_parallel.runs import (
+    ATTENTION_VARIANTS, collective_wire_bytes, Comparison, FunctionalCollectives, merge_grads,
+    reference_attention, run_attention, run_ffn
+)
+from parlab.tensor_parallel.layer_runs import (
+    EMBEDDINGS, STRATEGIES, embedding_rank, mlp_rank, run_embedding, run_layer_strategy, run_mlp,
+    strategy_rank
+)
+
+__all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "even_ranges",
+           "balanced_ranges", "check_degree", "divisors", "copy_to_region", "reduce_from_region",
+           "gather_from_region", "scatter_to_region", "gather_for_use", "broadcast_from",
+           "all_gather_cat", "local_slice", "reduce_scatter_slice", "ColumnParallelLinear",
+           "RowParallelLinear", "TensorParallelMLP", "VocabParallelEmbedding", "BroadcastEmbedding",
+           "SelfAttention", "attend", "BookAttention", "MegatronAttention", "dtensor_attention",
+           "dtensor_local_grads", "PROJECTIONS", "FIGURE_8_19_SIZES", "Placement", "layout",
+           "ffn_rank", "ffn_data", "link_of", "reference_ffn", "BOOK_SAYS", "gpt3_counts",
+           "parameter_memory", "embedding_table", "SLIDE_FORMULAS", "slide_costs",
+           "attention_bytes", "strategy_bytes", "ffn_bytes", "total", "ATTENTION_VARIANTS",
+           "Comparison", "run_attention", "reference_attention", "run_ffn", "merge_grads",
+           "FunctionalCollectives", "collective_wire_bytes", "run_mlp", "run_embedding",
+           "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "mlp_rank", "embedding_rank",
+           "strategy_rank"]

@@ -1,0 +1,211 @@
+"""Run the smaller tensor-parallel pieces on real ranks: the Megatron MLP, the two embeddings, and
+one linear layer under each of the slide deck's three strategies.
+
+Why a module of its own: each run here is the same three moves as the attention runs in
+:mod:`parlab.tensor_parallel` (build from a single-device layer, forward and backward on
+every rank, merge the pieces and compare), on the layers of :mod:`parlab.tensor_parallel.layers`.
+With ``backend="toy"`` every run also returns its traffic, split into forward and backward,
+which is what the chapter's byte counts are made of.
+
+The loss is sum(output x w) with a fixed random w, the same on every rank: the output of
+each layer here is replicated, and so is its gradient (see :mod:`parlab.tensor_parallel.mappings`). The one
+exception is the broadcast embedding, whose ranks go on to use the vectors differently,
+as the book's Q, K, V projections do: there rank r's loss uses its own w_r, and the
+reference adds up every rank's loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parlab.launch import run
+from parlab.tensor_parallel.runs import Comparison, _Phases, merge_grads, phase_split
+
+__all__ = ["run_mlp", "run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES",
+           "mlp_rank", "embedding_rank", "strategy_rank"]
+
+#: The two ways chapter 04 holds a word-embedding table.
+EMBEDDINGS = {
+    "broadcast": "the whole table on A1, which broadcasts the vectors (the book's default)",
+    "vocab": "each rank owns a range of token ids; an all-reduce assembles the vectors",
+}
+#: The slide deck's three ways to split one linear layer across GPUs.
+STRATEGIES = {
+    "data": "data parallel: full weights on every GPU, samples split, gradients all-reduced",
+    "partition_output": "partition output: output features split (column-parallel)",
+    "reduce_output": "reduce output: input features split, partial outputs summed (row-parallel)",
+}
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _forward_backward(layer, x, weight, sync=None):
+    """Forward, backward (then ``sync()``, if given), marking the traffic log between them."""
+    phases = _Phases()
+    phases.mark()
+    out = layer(x)
+    phases.mark()
+    (out * weight).sum().backward()
+    if sync is not None:
+        sync()
+    phases.mark()
+    return out, phases
+
+
+def _collect(results, reference: dict, name: str, info=None, holders=None) -> Comparison:
+    """Check the ranks agree, merge their gradients (from ``holders``, default every rank)."""
+    for rank, r in enumerate(results[1:], start=1):
+        if not torch.allclose(r["output"], results[0]["output"], atol=1e-6):
+            raise AssertionError(f"{name}: rank {rank}'s output differs from rank 0's")
+    parallel = {"output": results[0]["output"]}
+    if results[0].get("x.grad") is not None:
+        parallel["x.grad"] = results[0]["x.grad"]
+    holders = [results[i] for i in holders] if holders is not None else results
+    parallel.update({f"{n}.grad": g for n, g in merge_grads([r["grads"] for r in holders]).items()})
+    return Comparison(name, parallel, reference, phase_split(results), info or {})
+
+
+# --------------------------------------------------------------------------- Megatron MLP
+
+def _mlp_setup(d_model, d_ff, batch, seq, seed):
+    from parlab.models import MLP
+    torch.manual_seed(seed)
+    mlp = MLP(d_model, d_ff)
+    g = _generator(seed + 1)
+    return mlp, torch.randn(batch, seq, d_model, generator=g), torch.randn(batch, seq, d_model,
+                                                                          generator=g)
+
+
+def mlp_rank(d_model, d_ff, batch, seq, seed) -> dict:
+    """One rank of :func:`run_mlp`."""
+    from parlab.tensor_parallel.layers import TensorParallelMLP
+    mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
+    layer = TensorParallelMLP.from_mlp(mlp)
+    x.requires_grad_()
+    out, phases = _forward_backward(layer, x, weight)
+    grads = {"fc1.weight": (layer.fc1.weight.grad, layer.fc1.spec),
+             "fc1.bias": (layer.fc1.bias.grad, layer.fc1.spec.bias()),
+             "fc2.weight": (layer.fc2.weight.grad, layer.fc2.spec),
+             "fc2.bias": (layer.fc2.bias.grad, None)}
+    return {"output": out.detach(), "x.grad": x.grad, "grads": grads, "traffic": phases.result()}
+
+
+def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, world_size: int = 2,
+            backend: str = "gloo", seed: int = 0) -> Comparison:
+    """The Megatron MLP (column-parallel fc1, row-parallel fc2) next to ``parlab.models.MLP``."""
+    from parlab.tensor_parallel.sharding import check_degree
+    check_degree(world_size, d_ff, "hidden neurons of the MLP (d_ff)")
+    results = run(mlp_rank, world_size, d_model, d_ff, batch, seq, seed, backend=backend)
+    mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
+    x.requires_grad_()
+    out = mlp(x)
+    (out * weight).sum().backward()
+    reference = {"output": out.detach(), "x.grad": x.grad}
+    reference.update({f"{n}.grad": p.grad for n, p in mlp.named_parameters()})
+    return _collect(results, reference, "megatron mlp", {"world_size": world_size})
+
+
+# --------------------------------------------------------------------------- embeddings
+
+def _embedding_setup(vocab, d_model, batch, seq, seed, world_size):
+    torch.manual_seed(seed)
+    table = nn.Embedding(vocab, d_model)
+    g = _generator(seed + 1)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    weights = [torch.randn(batch, seq, d_model, generator=g) for _ in range(world_size)]
+    return table, ids, weights
+
+
+def embedding_rank(kind, vocab, d_model, batch, seq, seed) -> dict:
+    """One rank of :func:`run_embedding`."""
+    from parlab.tensor_parallel.layers import BroadcastEmbedding, VocabParallelEmbedding
+    rank, size = dist.get_rank(), dist.get_world_size()
+    table, ids, weights = _embedding_setup(vocab, d_model, batch, seq, seed, size)
+    if kind == "vocab":
+        layer = VocabParallelEmbedding.from_embedding(table)
+        out, phases = _forward_backward(layer, ids, weights[0])
+        grads = {"weight": (layer.weight.grad, layer.spec)}
+    else:
+        layer = BroadcastEmbedding.from_embedding(table, src=0)
+        out, phases = _forward_backward(layer, ids, weights[rank])
+        grads = {"weight": (layer.weight.grad, None)} if rank == 0 else {}  # A1 has the table
+    return {"output": out.detach(), "grads": grads, "traffic": phases.result()}
+
+
+def run_embedding(kind: str, vocab: int = 10, d_model: int = 4, batch: int = 2, seq: int = 3,
+                  world_size: int = 2, backend: str = "gloo", seed: int = 0) -> Comparison:
+    """One of :data:`EMBEDDINGS` on ``world_size`` ranks, next to ``nn.Embedding``."""
+    if kind not in EMBEDDINGS:
+        raise ValueError(f"unknown embedding {kind!r}; choose one of {list(EMBEDDINGS)}")
+    from parlab.tensor_parallel.sharding import balanced_ranges
+    balanced_ranges(vocab, world_size)  # more ranks than token ids is an error before launching
+    results = run(embedding_rank, world_size, kind, vocab, d_model, batch, seq, seed,
+                  backend=backend)
+    table, ids, weights = _embedding_setup(vocab, d_model, batch, seq, seed, world_size)
+    out = table(ids)
+    used = weights if kind == "broadcast" else weights[:1]  # one loss per rank that differs
+    sum((out * w).sum() for w in used).backward()
+    reference = {"output": out.detach(), "weight.grad": table.weight.grad}
+    return _collect(results, reference, f"{kind} embedding", {"world_size": world_size},
+                    holders=[0] if kind == "broadcast" else None)
+
+
+# --------------------------------------------------------------------------- the slides' strategies
+
+def _strategy_setup(batch, c_in, c_out, seed):
+    torch.manual_seed(seed)
+    linear = nn.Linear(c_in, c_out, bias=False)
+    g = _generator(seed + 1)
+    return linear, torch.randn(batch, c_in, generator=g), torch.randn(batch, c_out, generator=g)
+
+
+def strategy_rank(strategy, batch, c_in, c_out, seed) -> dict:
+    """One rank of :func:`run_layer_strategy`."""
+    from parlab.tensor_parallel.sharding import shard_spec
+    from parlab.tensor_parallel.mappings import all_gather_cat
+    from parlab.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    rank, size = dist.get_rank(), dist.get_world_size()
+    linear, x, weight = _strategy_setup(batch, c_in, c_out, seed)
+    if strategy == "data":
+        mine = shard_spec("samples", (batch,), "rows", size)[rank]
+        x_mine = x[mine.start:mine.stop].clone().requires_grad_()
+        w_mine = weight[mine.start:mine.stop]
+        # the gradient sync is the strategy's only traffic: C_in x C_out numbers
+        out, phases = _forward_backward(linear, x_mine, w_mine,
+                                        sync=lambda: dist.all_reduce(linear.weight.grad))
+        # gather outputs and input gradients only to compare them (not part of the strategy)
+        out, x_grad = all_gather_cat(out.detach(), 0), all_gather_cat(x_mine.grad, 0)
+        grads = {"weight": (linear.weight.grad, None)}
+    else:
+        layer = (ColumnParallelLinear.from_linear(linear, gather_output=True)
+                 if strategy == "partition_output"
+                 else RowParallelLinear.from_linear(linear, input_is_parallel=False))
+        x.requires_grad_()
+        out, phases = _forward_backward(layer, x, weight)
+        x_grad, grads = x.grad, {"weight": (layer.weight.grad, layer.spec)}
+    return {"output": out.detach(), "x.grad": x_grad, "grads": grads, "traffic": phases.result()}
+
+
+def run_layer_strategy(strategy: str, batch: int = 4, c_in: int = 6, c_out: int = 8,
+                       world_size: int = 2, backend: str = "gloo", seed: int = 0) -> Comparison:
+    """One linear layer (C_in -> C_out, no bias, batch B) split by one of :data:`STRATEGIES`."""
+    from parlab.tensor_parallel.sharding import check_degree
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+    n, what = {"data": (batch, "samples of the batch"),
+               "partition_output": (c_out, "output features (C_out)"),
+               "reduce_output": (c_in, "input features (C_in)")}[strategy]
+    check_degree(world_size, n, what)
+    results = run(strategy_rank, world_size, strategy, batch, c_in, c_out, seed, backend=backend)
+    linear, x, weight = _strategy_setup(batch, c_in, c_out, seed)
+    x.requires_grad_()
+    out = linear(x)
+    (out * weight).sum().backward()
+    reference = {"output": out.detach(), "x.grad": x.grad, "weight.grad": linear.weight.grad}
+    return _collect(results, reference, STRATEGIES[strategy].split(":")[0],
+                    {"strategy": strategy, "batch": batch, "c_in": c_in, "c_out": c_out,
+                     "world_size": world_size})

@@ -1,0 +1,201 @@
+"""Tensor-parallel layers under Megatron-LM's names: column- and row-parallel linear layers,
+the Megatron MLP built from them, and two ways to hold a word-embedding table.
+
+Why these four: the slides split a linear layer Y = X A two ways. *Partition output*
+(:class:`ColumnParallelLinear`) gives each rank some columns of A, so each rank computes
+some output features from the whole input. *Reduce output* (:class:`RowParallelLinear`)
+gives each rank some rows of A and the matching input features, so each rank computes a
+partial sum of every output feature. Chained (column first, row second) they make the
+Megatron MLP (:class:`TensorParallelMLP`): the column layer's output slices are exactly the
+row layer's input slices, so nothing moves between them, and one all-reduce finishes the
+layer. (In ``nn.Linear`` the weight is stored as A^T, so "columns of A" are the *rows* of
+``weight``: see :mod:`parlab.tensor_parallel.sharding`.)
+
+For the embedding the chapter's default is :class:`BroadcastEmbedding` (the table on one
+GPU, which looks up and broadcasts the vectors); :class:`VocabParallelEmbedding` is the
+row-wise sharding the chapter mentions for very large models, each rank owning a range
+of token ids.
+
+Every layer is built from a full single-device layer (``from_linear``, ``from_mlp``,
+``from_embedding``) so that a test can compare the two; the communication is in
+:mod:`parlab.tensor_parallel.mappings`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from parlab.tensor_parallel.sharding import ShardSpec, shard_spec
+from parlab.tensor_parallel.mappings import (
+    broadcast_from, copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
+)
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
+           "VocabParallelEmbedding", "BroadcastEmbedding"]
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.detach().clone())
+
+
+def _size_rank(group) -> tuple[int, int]:
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+class _ParallelLinear(nn.Module):
+    """This rank's piece of a linear layer: weight (and bias) slices, their spec, the group."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, group):
+        super().__init__()
+        self.weight = _param(weight)
+        self.bias = _param(bias) if bias is not None else None
+        self.spec, self.group = spec, group
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Y = X A with A's columns (the output features) split across the ranks.
+
+    Forward: the replicated input enters through ``copy_to_region`` (no traffic) and each
+    rank computes its slice of Y. With ``gather_output=True`` the slices are all-gathered
+    into the full Y; with ``False`` each rank keeps its slice (what a following
+    :class:`RowParallelLinear` wants). Backward: the input's gradient is the sum of every
+    rank's contribution, so ``copy_to_region`` all-reduces it.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, gather_output: bool,
+                 spec: ShardSpec, group=None):
+        super().__init__(weight, bias, spec, group)
+        self.gather_output = gather_output
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, gather_output: bool = True, group=None,
+                    name: str = "A") -> "ColumnParallelLinear":
+        """This rank's share of ``linear`` (every rank passes the same full layer)."""
+        size, rank = _size_rank(group)
+        spec = shard_spec(name, linear.weight.shape, "rows", size)[rank]
+        bias = linear.bias[spec.start:spec.stop] if linear.bias is not None else None
+        return cls(spec.take(linear.weight.data), bias, gather_output, spec, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(copy_to_region(x, self.group), self.weight, self.bias)
+        return gather_from_region(y, -1, self.group) if self.gather_output else y
+
+    def extra_repr(self) -> str:
+        return f"local weight {tuple(self.weight.shape)}, gather_output={self.gather_output}"
+
+
+class RowParallelLinear(_ParallelLinear):
+    """Y = X A with A's rows (the input features) split across the ranks.
+
+    Forward: each rank multiplies its slice of the input features (``input_is_parallel``:
+    the input already arrives sliced; otherwise ``scatter_to_region`` cuts the slice out
+    locally) by its rows of A, giving a partial sum of every output; ``reduce_from_region``
+    all-reduces the partial sums, then the bias is added once. Backward: the output
+    gradient is replicated, so each rank computes its input slice's gradient alone.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, input_is_parallel: bool,
+                 spec: ShardSpec, group=None):
+        super().__init__(weight, bias, spec, group)
+        self.input_is_parallel = input_is_parallel
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, input_is_parallel: bool = False, group=None,
+                    name: str = "B") -> "RowParallelLinear":
+        """This rank's share of ``linear`` (every rank passes the same full layer)."""
+        size, rank = _size_rank(group)
+        spec = shard_spec(name, linear.weight.shape, "columns", size)[rank]
+        return cls(spec.take(linear.weight.data), linear.bias, input_is_parallel, spec, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_region(x, -1, self.group)
+        y = reduce_from_region(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return (f"local weight {tuple(self.weight.shape)}, "
+                f"input_is_parallel={self.input_is_parallel}")
+
+
+class TensorParallelMLP(nn.Module):
+    """Megatron's MLP: Z = GeLU(X A) B, A column-parallel, B row-parallel.
+
+    One all-reduce in the forward pass (after B) and one in the backward pass (the
+    input's gradient, before A); nothing moves between A and B, because A's output slice
+    on a rank is exactly the slice of B's input that the rank's rows of B need.
+    """
+
+    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module, group=None) -> "TensorParallelMLP":
+        """Shard a single-device MLP with ``fc1`` and ``fc2`` (e.g. ``parlab.models.MLP``)."""
+        return cls(ColumnParallelLinear.from_linear(mlp.fc1, gather_output=False, group=group),
+                   RowParallelLinear.from_linear(mlp.fc2, input_is_parallel=True, group=group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding table split by token id: each rank owns a contiguous range of the vocabulary.
+
+    A rank looks up the ids it owns and writes zeros for the others; an all-reduce sums the
+    ranks' answers, and since exactly one rank owns each id, the sum is the vector. The
+    backward pass needs no traffic: each rank's rows get the gradient of its own ids.
+    """
+
+    def __init__(self, weight: torch.Tensor, spec: ShardSpec, group=None):
+        super().__init__()
+        self.weight = _param(weight)
+        self.spec, self.group = spec, group
+        self.vocab_start, self.vocab_end = spec.start, spec.stop
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, group=None,
+                       name: str = "E") -> "VocabParallelEmbedding":
+        """This rank's range of ``embedding``'s rows (every rank passes the same table)."""
+        size, rank = _size_rank(group)
+        spec = shard_spec(name, embedding.weight.shape, "vocab", size)[rank]
+        return cls(spec.take(embedding.weight.data), spec, group)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = torch.where(outside, torch.zeros_like(ids), ids - self.vocab_start)
+        vectors = F.embedding(local, self.weight) * (~outside).unsqueeze(-1)
+        return reduce_from_region(vectors, self.group)
+
+
+class BroadcastEmbedding(nn.Module):
+    """The book's default: the whole table on one GPU (``src``), its vectors broadcast to the rest.
+
+    Only ``src`` holds ``weight``; the other ranks hold nothing but know the width. The
+    backward pass sums the ranks' gradients of the vectors onto ``src`` (a reduce), which
+    is right when the ranks go on to use the vectors differently, as the tensor-parallel
+    Q, K and V projections of Figure 8-18 do.
+    """
+
+    def __init__(self, weight: torch.Tensor | None, dim: int, src: int = 0, group=None):
+        super().__init__()
+        self.weight = _param(weight) if weight is not None else None
+        self.dim, self.src, self.group = dim, src, group
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, src: int = 0,
+                       group=None) -> "BroadcastEmbedding":
+        """Keep ``embedding``'s table on ``src`` only."""
+        mine = dist.get_rank(group) == src
+        return cls(embedding.weight.data if mine else None, embedding.embedding_dim, src, group)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            vectors = F.embedding(ids, self.weight)
+        else:
+            vectors = torch.zeros(*ids.shape, self.dim, requires_grad=torch.is_grad_enabled())
+        return broadcast_from(vectors, self.src, self.group)

@@ -1,0 +1,334 @@
+"""Chapter 04's experiments: a tensor-parallel layer on real ranks, beside its single-device twin.
+
+Why this module exists: a notebook cell should say "run the book's attention on 2 ranks"
+and get back everything it needs to show: the output, the gradients of every weight and
+of the input (merged from the ranks' pieces), the same from the single-device layer, and,
+on the toy backend, every transfer split into forward and backward. The layers live in
+:mod:`parlab.tensor_parallel.layers`, :mod:`parlab.tensor_parallel.attention` and :mod:`parlab.tensor_parallel.ffn`; this module
+only runs them and packages what happened.
+
+Each experiment has a ``*_rank`` function (what one rank does; picklable, so
+:func:`parlab.launch.run` can ship it) and a ``run_*`` function for the notebook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from parlab.comm.toy import transfers
+from parlab.launch import run
+from parlab.tensor_parallel.sharding import merge
+
+__all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
+           "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
+           "merge_grads", "max_difference", "FunctionalCollectives", "collective_wire_bytes"]
+
+#: The three ways chapter 04 splits self-attention across ranks.
+ATTENTION_VARIANTS = {
+    "book": "the chapter's way: X broadcast from A1, Q and K all-gathered, V local",
+    "megatron": "Megatron-LM: whole heads per rank, one all-reduce each way",
+    "pytorch": "torch.distributed.tensor.parallel: ColwiseParallel q/k/v, RowwiseParallel out",
+}
+
+
+# --------------------------------------------------------------------------- traffic phases
+
+class _Phases:
+    """Marks in this rank's toy traffic log, so a run can say which transfers were forward.
+
+    Call :meth:`mark` at the start, between the phases and at the end; off the toy backend
+    the marks cost nothing and :meth:`result` is None.
+    """
+
+    def __init__(self):
+        self.toy = dist.get_backend() == "toy"
+        self.marks: list[int] = []
+
+    def mark(self) -> None:
+        if self.toy:
+            self.marks.append(len(transfers()))
+
+    def result(self, names=("forward", "backward")) -> dict | None:
+        """``{phase: [transfers this rank sent]}``, or None when the backend logs nothing."""
+        if not self.toy:
+            return None
+        log, me = transfers(), dist.get_rank()
+        return {name: [t for t in log[a:b] if t.src == me]
+                for name, a, b in zip(names, self.marks, self.marks[1:])}
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+class FunctionalCollectives:
+    """Record the functional collectives (what PyTorch's DTensor issues) and their payload bytes.
+
+    ``with FunctionalCollectives() as seen: ...`` then ``seen.records`` holds ``(op, bytes)``
+    per collective, bytes being the size of the tensor handed to it. PyTorch's API runs its
+    collectives through the dispatcher (``_c10d_functional``); this hook reads them there,
+    on any backend. On the toy backend the same collectives also land in the traffic log,
+    as every transfer on the wire, so the two can be checked against each other.
+    """
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                from torch.distributed.tensor import DTensor
+                if any(issubclass(t, DTensor) for t in types):
+                    return NotImplemented  # let DTensor turn itself into plain collectives
+                out = func(*args, **(kwargs or {}))
+                name = func.__name__.split(".")[0]
+                if func.namespace == "_c10d_functional" and name.startswith(_COLLECTIVES):
+                    outer.records.append((name.replace("_into_tensor", ""), args[0].nbytes))
+                return out
+
+        self.records: list[tuple[str, int]] = []
+        self._mode = _Mode()
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+def collective_wire_bytes(collectives: dict, n: int) -> dict:
+    """``{phase: bytes}`` on the wire for ``{phase: [(op, payload bytes)]}`` (ring algorithms)."""
+    from parlab.comm import ring_wire_bytes
+    return {phase: sum(ring_wire_bytes(op, payload, n) for op, payload in records)
+            for phase, records in collectives.items()}
+
+
+def phase_split(results: list[dict]) -> dict | None:
+    """Every rank's transfers per phase, joined: ``{phase: TrafficLog}`` (None off toy)."""
+    from parlab.comm import TrafficLog
+    if results[0].get("traffic") is None:
+        return None
+    phases: dict = {}
+    for r in results:
+        for name, records in r["traffic"].items():
+            phases.setdefault(name, []).extend(records)
+    return {name: TrafficLog(records) for name, records in phases.items()}
+
+
+# --------------------------------------------------------------------------- comparison
+
+def merge_grads(per_rank: list[dict]) -> dict:
+    """``{name: full gradient}`` from each rank's ``{name: (piece, ShardSpec or None)}``.
+
+    A piece without a spec is a replicated gradient: every rank must hold the same one.
+    """
+    merged = {}
+    for name, (first, spec) in per_rank[0].items():
+        pieces = [grads[name][0] for grads in per_rank]
+        if spec is None:
+            for rank, piece in enumerate(pieces[1:], start=1):
+                if not torch.allclose(piece, first, atol=1e-6):
+                    raise AssertionError(f"{name}: the replicated gradient differs on rank {rank}")
+            merged[name] = first
+        else:
+            merged[name] = merge(pieces, [grads[name][1] for grads in per_rank])
+    return merged
+
+
+def max_difference(a: dict, b: dict) -> float:
+    """The largest absolute difference between equally named tensors of two dicts."""
+    if set(a) != set(b):
+        raise ValueError(f"different names: {sorted(set(a) ^ set(b))}")
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@dataclass
+class Comparison:
+    """A parallel run next to its single-device reference.
+
+    ``parallel`` and ``reference`` map names ("output", "x.grad", "q_proj.weight.grad" ...)
+    to full tensors; ``traffic`` maps a phase to the transfers it made (None off toy);
+    ``info`` holds whatever else the experiment reports (shard specs, GPU names ...).
+    """
+
+    name: str
+    parallel: dict
+    reference: dict
+    traffic: dict | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def max_error(self) -> float:
+        """Largest absolute difference over every compared tensor."""
+        return max_difference(self.parallel, self.reference)
+
+    def matches(self, atol: float = 1e-5) -> bool:
+        return self.max_error <= atol
+
+    def bytes_by_op(self) -> dict:
+        """``{phase: {op: bytes}}`` summed over every transfer (all ranks)."""
+        if self.traffic is None:
+            raise ValueError("no traffic was logged: run with backend='toy'")
+        return {phase: _sum_by(log.records, lambda t: t.op) for phase, log in self.traffic.items()}
+
+    def total_bytes(self) -> dict:
+        """``{phase: bytes}`` over every transfer."""
+        return {phase: log.total_bytes for phase, log in (self.traffic or {}).items()}
+
+    def summary(self, atol: float = 1e-5) -> str:
+        """One line: does every compared tensor equal the single-device one?"""
+        grads = sum(1 for k in self.parallel if k.endswith(".grad"))
+        verdict = ("equal" if self.matches(atol)
+                   else f"DIFFER (largest difference {self.max_error:.2e})")
+        return (f"{self.name}: output and {grads} gradients {verdict} to the single-device "
+                f"ones (tolerance {atol:g})")
+
+    def traffic_table(self) -> str:
+        """Bytes per phase and collective, as logged by the toy backend."""
+        lines = [f"{'phase':<9} {'collective':<15} {'bytes':>9}"]
+        for phase, ops in self.bytes_by_op().items():
+            for op, n in ops.items():
+                lines.append(f"{phase:<9} {op:<15} {n:>9,}")
+            lines.append(f"{phase:<9} {'(total)':<15} {sum(ops.values()):>9,}")
+        return "\n".join(lines)
+
+
+def _sum_by(records, key) -> dict:
+    out: dict = {}
+    for t in records:
+        out[key(t)] = out.get(key(t), 0) + t.nbytes
+    return out
+
+
+# --------------------------------------------------------------------------- attention
+
+def _attention_inputs(d_model, batch, seq, seed):
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch, seq, d_model, generator=g)
+    weight = torch.randn(batch, seq, d_model, generator=g)  # loss = sum(output * weight)
+    return x, weight
+
+
+def reference_attention(d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=0) -> dict:
+    """The single-device layer's output and gradients for the experiment's input and loss."""
+    from parlab.tensor_parallel.attention import SelfAttention
+    ref = SelfAttention(d_model, n_heads, causal, seed=seed)
+    x, weight = _attention_inputs(d_model, batch, seq, seed)
+    x.requires_grad_()
+    out = ref(x)
+    (out * weight).sum().backward()
+    result = {"output": out.detach(), "x.grad": x.grad}
+    result.update({f"{n}.grad": p.grad for n, p in ref.named_parameters()})
+    return result
+
+
+def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=0,
+                   grad_sync="all_reduce", prepare_input=True) -> dict:
+    """One rank's part of :func:`run_attention`: build the variant, forward, backward."""
+    from parlab.tensor_parallel import attention as tpa
+    ref = tpa.SelfAttention(d_model, n_heads, causal, seed=seed)
+    x, weight = _attention_inputs(d_model, batch, seq, seed)
+    if variant == "book":
+        layer = tpa.BookAttention(ref, grad_sync=grad_sync)
+        x = x if dist.get_rank() == 0 else torch.zeros_like(x)  # only A1 has the embeddings
+    elif variant == "megatron":
+        layer = tpa.MegatronAttention(ref)
+    elif variant == "pytorch":
+        layer = tpa.dtensor_attention(ref, prepare_input=prepare_input)
+    else:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
+    x.requires_grad_()
+    phases, seen = _Phases(), {}
+    watch = FunctionalCollectives if variant == "pytorch" else contextlib.nullcontext
+    phases.mark()
+    with watch() as seen["forward"]:
+        out = layer(x)
+    phases.mark()
+    with watch() as seen["backward"]:
+        (out * weight).sum().backward()
+    phases.mark()
+    grads = (layer.local_grads() if variant != "pytorch" else tpa.dtensor_local_grads(layer))
+    return {"output": out.detach().clone(), "x.grad": x.grad, "grads": grads,
+            "specs": {name: spec for name, (_, spec) in grads.items()},
+            "traffic": phases.result(),
+            "collectives": {phase: getattr(mode, "records", None) for phase, mode in seen.items()}}
+
+
+def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int = 2, seq: int = 4,
+                  world_size: int = 2, backend: str = "gloo", causal: bool = True, seed: int = 0,
+                  grad_sync: str = "all_reduce", prepare_input: bool = True) -> Comparison:
+    """Run one attention variant on ``world_size`` ranks; compare with the single-device layer.
+
+    The input's gradient is the one on rank 0 (A1), which for the book's variant is the only
+    rank that holds the embeddings. ``grad_sync`` applies to the book's variant (see
+    :class:`parlab.tensor_parallel.attention.BookAttention`), ``prepare_input`` to PyTorch's (see
+    :func:`parlab.tensor_parallel.attention.dtensor_attention`).
+    """
+    from parlab.tensor_parallel.sharding import check_degree
+    if variant not in ATTENTION_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
+    if d_model % n_heads:
+        raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
+    if variant == "book":  # fail here, before any rank starts, with the same message
+        check_degree(world_size, d_model, "features of the hidden size (d_model)")
+    else:
+        check_degree(world_size, n_heads, "attention heads")
+    results = run(attention_rank, world_size, variant, d_model, n_heads, batch, seq, causal,
+                  seed, grad_sync, prepare_input, backend=backend)
+    for rank, r in enumerate(results[1:], start=1):
+        if not torch.allclose(r["output"], results[0]["output"], atol=1e-6):
+            raise AssertionError(f"{variant}: rank {rank}'s output differs from rank 0's")
+    parallel = {"output": results[0]["output"], "x.grad": results[0]["x.grad"]}
+    parallel.update({f"{n}.grad": g for n, g in merge_grads([r["grads"] for r in results]).items()})
+    reference = reference_attention(d_model, n_heads, batch, seq, causal, seed)
+    return Comparison(variant, parallel, reference, phase_split(results),
+                      {"specs": [r["specs"] for r in results], "world_size": world_size,
+                       "collectives": results[0]["collectives"]})
+
+
+# --------------------------------------------------------------------------- Figure 8-19
+
+def ffn_experiment_rank(sizes, tensor, batch, micro_batches, activation, seed) -> dict:
+    """One rank of :func:`run_ffn`: :func:`parlab.tensor_parallel.ffn_rank` with the log split in phases."""
+    from parlab.tensor_parallel.ffn import ffn_rank
+    phases = _Phases()  # ffn_rank marks after making its groups, and after the forward pass
+    result = ffn_rank(sizes, tensor, batch, micro_batches, activation, seed, marks=phases.mark)
+    phases.mark()
+    result["traffic"] = phases.result()
+    return result
+
+
+def run_ffn(sizes=None, tensor: int = 2, batch: int = 4, micro_batches: int = 2,
+            activation: str = "relu", seed: int = 0, backend: str = "gloo") -> Comparison:
+    """Figure 8-19's network on ``(len(sizes) - 1) x tensor`` ranks, next to the single-device one.
+
+    ``info["placements"]`` lists each rank's GPU, stage and neurons.
+    """
+    from parlab.tensor_parallel.ffn import FIGURE_8_19_SIZES, layout, reference_ffn
+    sizes = tuple(sizes or FIGURE_8_19_SIZES)
+    places = layout(sizes, tensor)  # raises before any rank starts if the split is impossible
+    results = run(ffn_experiment_rank, len(places), sizes, tensor, batch, micro_batches,
+                  activation, seed, backend=backend)
+    last = [r for r in results if r["output"] is not None]
+    firsts = [r for r in results if r["x.grad"] is not None]
+    parallel = {"output": last[0]["output"], "x.grad": firsts[0]["x.grad"]}
+    for stage in range(len(sizes) - 1):
+        mine = [r for r in results if r["placement"].stage == stage]
+        specs = [r["placement"].spec for r in mine]
+        parallel[f"layer{stage + 1}.W.grad"] = merge([r["grad_W"] for r in mine], specs)
+        parallel[f"layer{stage + 1}.b.grad"] = merge([r["grad_b"] for r in mine],
+                                                     [s.bias() for s in specs])
+    for group in (last, firsts):
+        for r in group[1:]:
+            key = "output" if group is last else "x.grad"
+            if not torch.allclose(r[key], group[0][key], atol=1e-6):
+                raise AssertionError(f"{key} differs between the ranks of one stage")
+    reference = reference_ffn(sizes, batch, activation, seed)
+    return Comparison("figure 8-19", parallel, reference, phase_split(results),
+                      {"placements": places, "tensor": tensor, "micro_batches": micro_batches})
+

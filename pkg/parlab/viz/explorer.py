@@ -1,0 +1,89 @@
+"""The explorer pattern every widget follows, made by :func:`explore`:
+
+1. the figure at the default setting is shown as an ordinary output, so the notebook reads
+   well where widgets do not render (GitHub, the HTML edition, a reader without a kernel);
+2. below it, the controls and a live output that redraws when a control moves.
+
+The widget's plain-text face is a fixed sentence (:class:`Explorer`): nbval compares
+``text/plain`` outputs, and a widget's default repr embeds its current state, which would
+make stored outputs depend on the machine.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+__all__ = ["Explorer", "explore"]
+
+#: One redraw at a time: pyplot's state is global, and two overlapping redraws (a fast
+#: slider sends several changes) must not interleave.
+_DRAWING = threading.Lock()
+
+
+def _png(fig):
+    """The figure as a PNG image, rendered here rather than by the display hook."""
+    import io
+
+    from IPython.display import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return Image(data=buffer.getvalue(), format="png")
+
+
+class Explorer:
+    """A widget with a fixed plain-text representation (what nbval and text readers see)."""
+
+    def __init__(self, widget, description: str):
+        self.widget = widget
+        self.description = description
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs) or {}
+        if isinstance(bundle, tuple):  # (data, metadata) form
+            bundle = bundle[0]
+        bundle = dict(bundle)
+        bundle["text/plain"] = f"[interactive] {self.description}"
+        return bundle
+
+    def __repr__(self) -> str:
+        return f"[interactive] {self.description}"
+
+
+def explore(draw: Callable, controls: dict, description: str, static: bool = True) -> Explorer:
+    """Show ``draw(**defaults)`` as a static figure, then return a live explorer.
+
+    ``draw`` takes the controls' values as keyword arguments and returns a matplotlib
+    Figure (or None after printing text). ``controls`` maps argument names to ipywidgets
+    (sliders, dropdowns, ...); their initial values are the defaults.
+    """
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from parlab.viz.style import show
+
+    def render(out):
+        values = {name: control.value for name, control in controls.items()}
+        # interactive mode off while the figure is built: outside a cell's execution,
+        # pyplot's auto-draw fires on every change of a half-built figure, and the first
+        # render of the finished one came out blank in JupyterLab
+        with _DRAWING, plt.ioff(), out:
+            out.clear_output(wait=True)
+            result = draw(**values)
+            if result is not None:
+                display(_png(result))
+                plt.close(result)
+
+    if static:
+        fig = draw(**{name: control.value for name, control in controls.items()})
+        if fig is not None:
+            show(fig)
+    out = w.Output()
+    for control in controls.values():
+        control.observe(lambda change: render(out), names="value")
+    if not static:
+        render(out)
+    box = w.VBox([w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), out])
+    return Explorer(box, description)

@@ -1,0 +1,280 @@
+"""Chapter 04 pictures: how Q, K, V are cut (Figure 8-17), the book's attention on two GPUs with
+the bytes of each collective (Figure 8-18), Figure 8-19's six GPUs with bytes per link, and
+the bytes of the three attention splits side by side.
+
+Everything is drawn from shard specs and from the toy backend's traffic of a real run
+(a :class:`parlab.tensor_parallel.Comparison`), so the numbers on a figure are the ones
+the ranks moved.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from parlab.viz.registry import figure
+from parlab.units import format_bytes
+from parlab.viz.style import GPU_COLORS
+
+__all__ = ["qkv_sharding_figure", "book_attention_figure", "ffn_figure", "attention_bytes_figure",
+           "strategy_figure", "memory_figure", "format_bytes"]
+
+_NAMES = ("A1", "A2")
+
+
+def qkv_sharding_figure(d_model: int = 8, n_heads: int = 2, ranks: int = 2):
+    """Figure 8-17: W_Q, W_K, W_V in the book's layout (inputs x outputs), columns per GPU.
+
+    The cuts come from :func:`parlab.tensor_parallel.shard_spec`, as :class:`~parlab.tensor_parallel.attention.BookAttention`
+    makes them; dashed lines mark the heads, so one sees whether a cut falls between heads.
+    """
+    from parlab.tensor_parallel import shard_spec
+    names = [f"A{r + 1}" for r in range(ranks)]
+    fig, axes = plt.subplots(1, 4, figsize=(12, 3.4), gridspec_kw={"width_ratios": [1, 1, 1, 1]})
+    axes[0].axis("off")
+    axes[0].text(0.5, 0.62, "E  (tokens x d_model)\nbroadcast from A1", ha="center",
+                 va="center", fontsize=11)
+    axes[0].text(0.5, 0.3, "Q = E W_Q,  K = E W_K,  V = E W_V\n"
+                 "each GPU multiplies E by its columns",
+                 ha="center", va="center", fontsize=9, color="#444444")
+    d_head = d_model // n_heads
+    for ax, letter in zip(axes[1:], ("Q", "K", "V")):
+        specs = shard_spec(f"W_{letter}", (d_model, d_model), "rows", ranks, owners=names)
+        for spec in specs:  # nn.Linear rows = the matrix's output columns in the book's layout
+            ax.add_patch(Rectangle((spec.start, 0), spec.stop - spec.start, d_model,
+                                   facecolor=GPU_COLORS[spec.owner], alpha=0.45,
+                                   edgecolor=GPU_COLORS[spec.owner], lw=2))
+            ax.text((spec.start + spec.stop) / 2, d_model / 2,
+                    f"{spec.owner}\ncolumns\n{spec.start}-{spec.stop - 1}", ha="center",
+                    va="center", fontsize=10, weight="bold")
+        for h in range(1, n_heads):
+            ax.axvline(h * d_head, color="black", ls="--", lw=1)
+        ax.set_xlim(0, d_model)
+        ax.set_ylim(0, d_model)
+        ax.invert_yaxis()
+        ax.set_xticks([(h + 0.5) * d_head for h in range(n_heads)],
+                      [f"head {h}" for h in range(n_heads)], fontsize=8)
+        ax.set_yticks([])
+        ax.set_title(f"W_{letter}  ({d_model} inputs x {d_model} outputs)", fontsize=10)
+    fig.suptitle(f"Figure 8-17: W_Q, W_K, W_V split by output columns over {ranks} GPUs "
+                 f"({n_heads} heads, dashed)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _calls(log) -> list[tuple[str, int]]:
+    """(op, bytes) per collective call, in the order the calls were made."""
+    calls: dict = {}
+    for t in log.records:
+        key = (t.group, t.op, t.call)
+        calls[key] = calls.get(key, 0) + t.nbytes
+    return [(op, n) for (_, op, call), n in sorted(calls.items(), key=lambda kv: kv[0][2])]
+
+
+#: What each collective of the book's attention carries, in call order (forward, backward).
+_BOOK_TENSORS = {"forward": ["X (embeddings)", "Q slices", "K slices", "partial outputs"],
+                 "backward": ["Q slices again", "K slices again", "dQ contributions",
+                              "dK contributions", "dX contributions to A1"]}
+_BOOK_COMPUTE = {"forward": ["A1: look up X", "both: Q, K, V = X W (own columns)",
+                             "both: softmax(QK^T/sqrt d) x own V columns; x own rows of W_O",
+                             "both: output = sum of the two"],
+                 "backward": ["both: recompute the probabilities from the whole Q and K",
+                              "both: dV (own), dQ and dK (whole, partial sums)",
+                              "both: keep own slice of dQ, dK; dW_Q, dW_K, dW_V; partial dX",
+                              "A1: dX for the embedding table"]}
+
+
+def book_attention_figure(comparison):
+    """Figure 8-18 (and its backward pass): the book's steps on A1 and A2 and the bytes of each
+    collective, read from ``comparison`` (a toy run of ``run_attention("book")``)."""
+    if comparison.traffic is None:
+        raise ValueError("the figure needs a run on the toy backend (backend='toy')")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    for ax, phase in zip(axes, ("forward", "backward")):
+        calls = _calls(comparison.traffic[phase])
+        labels = _BOOK_TENSORS[phase]
+        rows = []
+        for i, (op, nbytes) in enumerate(calls):
+            what = labels[i] if len(calls) == len(labels) else op
+            rows.append((f"{op.replace('_', '-')}: {what}", nbytes))
+        steps = _BOOK_COMPUTE[phase]
+        y = 0
+        for i, text in enumerate(steps):
+            ax.add_patch(Rectangle((0, y), 10, 0.8, facecolor="#F2F2F2", edgecolor="#999999"))
+            ax.text(5, y + 0.4, text, ha="center", va="center", fontsize=9)
+            y += 1
+            for label, nbytes in rows[_split(len(rows), len(steps))[i]]:
+                ax.add_patch(Rectangle((1, y), 8, 0.7, facecolor=GPU_COLORS["A2"], alpha=0.25,
+                                       edgecolor=GPU_COLORS["A2"]))
+                ax.text(5, y + 0.35, f"{label}  ({format_bytes(nbytes)})", ha="center",
+                        va="center", fontsize=9, weight="bold")
+                y += 0.9
+        total = sum(n for _, n in rows)
+        ax.set_xlim(0, 10)
+        ax.set_ylim(y + 0.2, -0.2)
+        ax.axis("off")
+        ax.set_title(f"{phase}: {len(rows)} collectives, {format_bytes(total)} on the wire",
+                     fontsize=11)
+    fig.suptitle("Figure 8-18, the book's tensor-parallel self-attention on A1 and A2 "
+                 "(bytes from the toy backend's log)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _split(n_rows: int, n_steps: int) -> list[slice]:
+    """Which collectives follow which compute step (the book's order: 1, 2, 1, 0 forward...)."""
+    if (n_rows, n_steps) == (4, 4):
+        return [slice(0, 1), slice(1, 3), slice(3, 4), slice(4, 4)]
+    if (n_rows, n_steps) == (5, 4):
+        return [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 5)]
+    return [slice(0, n_rows)] + [slice(n_rows, n_rows)] * (n_steps - 1)
+
+
+def ffn_figure(comparison, phases=("forward", "backward")):
+    """Figure 8-19: three servers of two GPUs, each GPU's neurons, and the bytes per link,
+    one panel per phase (from a toy run of :func:`parlab.tensor_parallel.run_ffn`)."""
+    if comparison.traffic is None:
+        raise ValueError("the figure needs a run on the toy backend (backend='toy')")
+    fig, axes = plt.subplots(len(phases), 1, figsize=(12, 4.6 * len(phases)), squeeze=False)
+    for ax, phase in zip(axes[:, 0], phases):
+        _draw_ffn(ax, comparison, phase)
+    fig.suptitle("Figure 8-19: tensor parallel inside each server (NVLink, blue), pipeline "
+                 "along the rails (red)", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_ffn(ax, comparison, phase: str) -> None:
+    from parlab.comm import figure_8_19
+    topology = figure_8_19()
+    places = comparison.info["placements"]
+    links = comparison.traffic[phase].per_link(topology)
+    pos = {p.rank: (p.stage * 4.0, 2.4 - 2.4 * p.position) for p in places}
+    for stage in sorted({p.stage for p in places}):
+        ax.add_patch(Rectangle((stage * 4 - 0.3, -0.55), 2.6, 3.9, facecolor="none",
+                               edgecolor="#999999", ls="--"))
+        ax.text(stage * 4 + 1.0, 3.45, f"server {stage + 1}", ha="center", fontsize=10,
+                color="#555555")
+    for p in places:
+        x, y = pos[p.rank]
+        color = GPU_COLORS.get(p.gpu, "#888888")
+        ax.add_patch(Rectangle((x, y), 2.0, 0.9, facecolor=color, alpha=0.35, edgecolor=color,
+                               lw=2))
+        first, last = p.neurons
+        which = f"neuron {first}" if first == last else f"neurons {first}-{last}"
+        ax.text(x + 1.0, y + 0.45, f"{p.gpu}\n{p.layer} {which}", ha="center", va="center",
+                fontsize=10, weight="bold")
+    for row in links.itertuples():
+        (x0, y0), (x1, y1) = pos[row.src], pos[row.dst]
+        if row.link == "nvlink":  # inside a server: vertical, left side down, right side up
+            dx = 0.55 if y0 > y1 else 1.45
+            start = (x0 + dx, y0 + (0 if y0 > y1 else 0.9))
+            end = (x1 + dx, y1 + (0.9 if y0 > y1 else 0))
+            color = "#2F5597"
+            label_at = (x0 + dx + (-0.05 if y0 > y1 else 0.05), (y0 + y1) / 2 + 0.45)
+            ha = "right" if y0 > y1 else "left"
+        else:  # along a rail, to the next (forward) or previous (backward) stage
+            forward = x1 > x0
+            start = (x0 + (2.0 if forward else 0), y0 + 0.45)
+            end = (x1 + (0 if forward else 2.0), y1 + 0.45)
+            color = "#C0392B"
+            label_at, ha = ((start[0] + end[0]) / 2, y0 + 0.6), "center"
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color=color,
+                                     lw=1.6))
+        ax.text(*label_at, format_bytes(row.bytes), fontsize=8, color=color, ha=ha)
+    by_type = comparison.traffic[phase].per_link_type(topology)
+    ax.text(5, -1.1, f"{phase}: NVLink {format_bytes(by_type['nvlink'])}, rail switches "
+            f"{format_bytes(by_type['rail'])}, spine {format_bytes(by_type['spine'])}",
+            ha="center", fontsize=10)
+    ax.set_xlim(-0.6, 10.6)
+    ax.set_ylim(-1.4, 3.8)
+    ax.axis("off")
+    ax.set_title(f"{phase} pass ({comparison.info['micro_batches']} micro-batches)", fontsize=11)
+
+
+def _grouped_bars(ax, labels, series, width, fontsize=8):
+    """Bars side by side: ``series`` is [(legend label, values per x label, colour)]."""
+    for i, (name, values, color) in enumerate(series):
+        bars = ax.bar([k + width * i for k in range(len(labels))], values, width=width * 0.95,
+                      label=name, color=color)
+        ax.bar_label(bars, labels=[format_bytes(v) for v in values], fontsize=fontsize)
+    ax.set_xticks([k + width * (len(series) - 1) / 2 for k in range(len(labels))], labels)
+    ax.margins(y=0.18)
+
+
+def attention_bytes_figure(rows: dict, title: str = "bytes moved by one attention layer"):
+    """Grouped bars: ``rows`` maps a variant to ``{"forward": bytes, "backward": bytes}``."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    _grouped_bars(ax, list(rows), [(phase, [r[phase] for r in rows.values()], color)
+                                   for phase, color in (("forward", "#4C72B0"),
+                                                        ("backward", "#DD8452"))], 0.38)
+    ax.set_ylabel("bytes on the wire")
+    ax.legend()
+    ax.set_title(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def strategy_figure(rows: list[dict], title: str):
+    """The slides' three strategies: the formula's bytes beside what the toy log measured.
+
+    ``rows``: one dict per strategy with ``strategy``, ``formula`` (bytes of the slide's
+    tensor), ``measured`` (payload of the matching collective, from the log) and ``wire``
+    (all bytes the layer moved, forward and backward).
+    """
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    keys = (("formula", "slide formula x 4 bytes", "#8172B2"),
+            ("measured", "toy log: that collective's tensor", "#55A868"),
+            ("wire", "toy log: all bytes on the wire", "#C44E52"))
+    _grouped_bars(ax, [r["strategy"] for r in rows],
+                  [(label, [r[key] for r in rows], color) for key, label, color in keys], 0.27, 7)
+    ax.set_ylabel("bytes")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def memory_figure(rows: list[dict], capacity: float = 80e9, title: str = ""):
+    """Parameter bytes per GPU for each tensor-parallel degree, against a GPU's capacity."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    bars = ax.bar([str(r["tp"]) for r in rows], [r["bytes"] for r in rows], color="#4C72B0")
+    ax.bar_label(bars, labels=[format_bytes(r["bytes"]) for r in rows], fontsize=9)
+    ax.axhline(capacity, color="#C0392B", ls="--", label=f"{format_bytes(capacity)} GPU")
+    ax.set_xlabel("tensor-parallel degree (GPUs per layer)")
+    ax.set_ylabel("parameter bytes per GPU")
+    ax.legend()
+    ax.set_title(title, fontsize=10)
+    ax.margins(y=0.15)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- the registry
+
+@figure("fig-8-17-qkv-sharding", "Figure 8-17: W_Q, W_K, W_V split by columns over A1 and A2")
+def _fig_8_17():
+    return qkv_sharding_figure()
+
+
+@figure("fig-8-18-attention-tensor-parallel",
+        "Figure 8-18: the book's attention on A1 and A2, bytes per collective (toy backend)")
+def _fig_8_18():
+    from parlab.tensor_parallel import run_attention
+    return book_attention_figure(run_attention("book", backend="toy"))
+
+
+@figure("fig-8-19-ffn-tensor-pipeline",
+        "Figure 8-19: the feed-forward layer on 6 GPUs, bytes per NVLink and rail link")
+def _fig_8_19():
+    from parlab.tensor_parallel import run_ffn
+    return ffn_figure(run_ffn(backend="toy"))
+
+
+@figure("fig-04-attention-bytes", "Chapter 04: bytes of the book's, Megatron's and PyTorch's "
+                                  "attention at GPT-3 size (formulas checked on the toy backend)")
+def _fig_attention_bytes():
+    from parlab.tensor_parallel import attention_bytes, total
+    rows = {v: total(attention_bytes(v, 1, 2048, 12288, n=8, element=2))
+            for v in ("book", "megatron", "pytorch")}
+    return attention_bytes_figure(rows, "one GPT-3 attention layer, 8 GPUs, fp16, 2048 tokens")
