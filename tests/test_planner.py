@@ -49,7 +49,7 @@ def test_gpt3_rejects_pure_data_parallelism_and_finds_tensor_parallel_servers(gp
     topology = layouts[0].topology
     for lay in layouts:
         gpu_of = lay.placement()
-        for members in Mesh(dp=lay.dp, pp=lay.pp, tp=lay.tp).group_ranks("tensor"):
+        for members in lay.mesh.group_ranks("tensor"):
             assert len({topology.server(gpu_of[r]) for r in members}) == 1
         assert lay.links["tensor"] == "nvlink" and lay.links["pipeline"] == "rail"
 
@@ -103,17 +103,17 @@ def test_bubble_closed_form_equals_the_simulator(name):
 
 def test_placement_puts_tensor_in_a_server_and_stages_along_a_rail():
     dp, tp, pp = 2, 4, 4
-    gpu_of, topology = place(dp, tp, pp), rail_optimized(4, 8)
+    gpu_of, topology, mesh = place(dp, tp, pp), rail_optimized(4, 8), Mesh(dp=dp, pp=pp, tp=tp)
     assert sorted(gpu_of) == list(range(32))
     for rank in range(32):
-        assert Mesh(dp=dp, pp=pp, tp=tp).rank_at(*Mesh(dp=dp, pp=pp, tp=tp).coordinates(rank)) == rank
-    for members in Mesh(dp=dp, pp=pp, tp=tp).group_ranks("pipeline"):
+        assert mesh.rank_at(*mesh.coordinates(rank)) == rank
+    for members in mesh.group_ranks("pipeline"):
         servers = [topology.server(gpu_of[r]) for r in members]
         assert servers == list(range(servers[0], servers[0] + pp))
         assert len({topology.rail(gpu_of[r]) for r in members}) == 1
     assert group_links(dp, tp, pp, topology) == {"tensor": "nvlink", "pipeline": "rail",
                                                  "data": "nvlink"}
-    assert sorted(len(g) for k in GROUP_KINDS for g in Mesh(dp=dp, pp=pp, tp=tp).group_ranks(k)) == \
+    assert sorted(len(g) for k in GROUP_KINDS for g in mesh.group_ranks(k)) == \
         [2] * 16 + [4] * 16
 
 

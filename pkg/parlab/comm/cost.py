@@ -45,14 +45,17 @@ def ring_wire_bytes(op: str, payload: float, n: int) -> float:
     """Bytes on the wire, all ranks together, for one ring collective of ``payload`` bytes."""
     if op not in _RING_FACTORS:
         raise ValueError(f"no formula for {op!r}; known: {list(_RING_FACTORS)}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (ranks) must be an int of at least 1, got {n!r}")
+    _check_ranks(n)
     return _RING_FACTORS[op](n) * payload if n > 1 else 0
 
 
-def _check(n, algorithm):
+def _check_ranks(n):
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (the number of ranks) must be a positive int, got {n!r}")
+
+
+def _check(n, algorithm):
+    _check_ranks(n)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
 

@@ -216,10 +216,9 @@ class Run3D:
     def replica(self, d: int) -> dict:
         """Replica ``d``'s whole model, stitched from its ranks' pieces."""
         from parlab.tensor_parallel import merge_grads
-        merged = {}
+        merged, mesh = {}, Mesh(dp=self.dp, pp=self.pp, tp=self.tp)
         for k in range(self.pp):
-            ranks = [Mesh(dp=self.dp, pp=self.pp, tp=self.tp).rank_at(d, k, t)
-                     for t in range(self.tp)]
+            ranks = [mesh.rank_at(d, k, t) for t in range(self.tp)]
             merged.update(merge_grads([self.ranks[r]["params"] for r in ranks]))
         return merged
 

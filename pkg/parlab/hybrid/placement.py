@@ -79,9 +79,10 @@ def group_links(dp: int, tp: int, pp: int, topology: Topology,
     gpu_of = gpu_of if gpu_of is not None else place(dp, tp, pp, topology.gpus_per_server)
     order = {name: (spec.bandwidth, -spec.alpha) for name, spec in topology.links.items()}
     links: dict[str, str | None] = {}
+    mesh = Mesh(dp=dp, pp=pp, tp=tp)
     for kind in GROUP_KINDS:
         pairs = set()
-        for members in Mesh(dp=dp, pp=pp, tp=tp).group_ranks(kind):
+        for members in mesh.group_ranks(kind):
             ring = members if kind != "pipeline" else members[:-1]
             for i, rank in enumerate(ring):
                 nxt = members[(i + 1) % len(members)]

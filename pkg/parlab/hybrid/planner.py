@@ -166,12 +166,17 @@ class Layout:
         """The GPU of every rank (server-major index into :attr:`topology`), in rank order."""
         return place(self.dp, self.tp, self.pp, self.topology.gpus_per_server)
 
+    @property
+    def mesh(self) -> Mesh:
+        """The rank grid of this layout (which rank is which replica, stage, tensor index)."""
+        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp)
+
     def placement_table(self, ranks: int = 16) -> str:
         """The first ``ranks`` ranks: replica, stage, tensor index, GPU name, server, rail."""
-        gpu_of = self.placement()
+        gpu_of, mesh = self.placement(), self.mesh
         lines = ["rank  replica  stage  tensor  GPU   server  rail"]
         for rank in range(min(ranks, self.gpus)):
-            c, g = Mesh(dp=self.dp, pp=self.pp, tp=self.tp).coordinates(rank), gpu_of[rank]
+            c, g = mesh.coordinates(rank), gpu_of[rank]
             lines.append(f"{rank:>4}  {c.replica:>7}  {c.stage:>5}  {c.tensor:>6}  "
                          f"{self.topology.gpu_name(g):<4}  {self.topology.server(g):>6}  "
                          f"{self.topology.rail(g):>4}")

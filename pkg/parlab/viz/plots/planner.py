@@ -84,11 +84,10 @@ def layouts_figure(search, top: int = 8, title: str = ""):
 def placement_figure(dp: int, tp: int, pp: int, gpus_per_server: int = 8,
                      max_servers: int = 8, title: str = ""):
     """Servers as rows, GPU positions (rails) as columns; colour = stage, box = tensor group."""
-    from parlab.comm import Mesh
+    from parlab.comm import Mesh, gpu_name
     from parlab.hybrid import place
-    from parlab.comm import gpu_name
 
-    gpu_of = place(dp, tp, pp, gpus_per_server)
+    gpu_of, mesh = place(dp, tp, pp, gpus_per_server), Mesh(dp=dp, pp=pp, tp=tp)
     width = min(gpus_per_server, dp * tp * pp)
     servers = min(max_servers, -(-len(gpu_of) // gpus_per_server))
     fig, ax = plt.subplots(figsize=(max(1.1 * width + 1.5, 6.0), 0.75 * servers + 1.4))
@@ -97,7 +96,7 @@ def placement_figure(dp: int, tp: int, pp: int, gpus_per_server: int = 8,
         server, position = divmod(gpu, gpus_per_server)
         if server >= servers:
             continue
-        c = Mesh(dp=dp, pp=pp, tp=tp).coordinates(rank)
+        c = mesh.coordinates(rank)
         shade = c.stage / max(pp - 1, 1)  # viridis: dark purple (first stage) to yellow
         ax.add_patch(Rectangle((position + 0.05, server + 0.08), 0.9, 0.84, color=cmap(shade),
                                alpha=0.75))
