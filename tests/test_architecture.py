@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "pkg" / "parlab"
 
 #: Bottom up; a subpackage may import the ones listed before it, and itself.
-LAYERS = ["units", "launch", "comm", "models", "memory", "data_parallel", "pipeline",
+LAYERS = ["units", "launch", "comm", "models", "memory", "data_parallel", "sharded", "pipeline",
           "tensor_parallel", "hybrid", "viz", "exercises"]
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
 TOOLS = {"book", "figures"}

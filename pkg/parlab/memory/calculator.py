@@ -8,14 +8,20 @@ so the formulas below are tested, not trusted.
 
 Units: bytes; ``GB`` is 10**9 bytes (:mod:`parlab.units`; an "80 GB" card holds 80 x 10**9).
 
-What the estimate counts, per GPU (the most loaded pipeline stage), for N parameters on it:
+What the estimate counts, per GPU (the most loaded pipeline stage), for N parameters on it
+(after the tensor / pipeline split), the first four from
+:func:`parlab.memory.model_state_bytes` (module ``states``, the one home of these formulas):
 
 - parameters  N x 4 bytes in fp32; N x 2 in fp16/bf16 mixed precision;
 - gradients   the same size as the parameters (kept between steps);
 - master weights (mixed precision only): an fp32 copy, N x 4;
 - optimizer state, fp32: SGD 0, SGD with momentum 4 N (one buffer), Adam 8 N (two moments);
   (torch's Adam also keeps a 4-byte step counter per parameter *tensor*: ignored);
-- activations: what autograd saves for the backward pass, times the micro-batches in flight.
+- with ``zero=1, 2, 3`` (ZeRO over the ``dp`` replicas, Rajbhandari et al., 2020) the
+  optimizer state and master weights, then also the gradients, then also the parameters
+  hold ceil(N / dp) elements instead of N;
+- activations: what autograd saves for the backward pass, times the micro-batches in flight
+  (ZeRO does not change them).
 
 Activations of one micro-batch of b sequences of length T, element size s (4 or 2 bytes), for
 :func:`parlab.models.build_model` (found by listing what autograd saves, op by op):
@@ -39,31 +45,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from numbers import Real
 from typing import NamedTuple
 
-import torch
-
+from parlab.memory.states import (
+    check_optimizer, check_positive, check_precision, check_zero, model_state_bytes, Precision
+)
 from parlab.models import BookMLP, get_config, TransformerConfig
 from parlab.units import GB, format_bytes
 
-__all__ = ["PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Precision",
-           "Setup", "estimate", "min_gpus", "activation_bytes", "activations_per_layer",
-           "resolve_setup", "describe_setup"]
+__all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
+           "activation_bytes", "activations_per_layer", "resolve_setup", "describe_setup"]
 
-
-
-class Precision(NamedTuple):
-    name: str
-    dtype: torch.dtype
-    bytes: int      # bytes per parameter, gradient and activation element
-    master: bool    # an fp32 copy of the weights for the optimizer
-
-
-PRECISIONS = {p.name: p for p in (Precision("fp32", torch.float32, 4, False),
-                                   Precision("fp16", torch.float16, 2, True),
-                                   Precision("bf16", torch.bfloat16, 2, True))}
-#: fp32 state values the optimizer keeps per parameter
-OPTIMIZERS = {"sgd": 0, "momentum": 1, "adam": 2}
 #: micro-batches whose activations the first pipeline stage holds at once: GPipe all m, 1F1B p
 ESTIMATED_SCHEDULES = ("1f1b", "gpipe")
 
@@ -137,6 +130,7 @@ class Setup(NamedTuple):
     microbatches: int
     schedule: str
     capacity: int
+    zero: int = 0
 
     @property
     def micro_batch(self) -> int:
@@ -148,27 +142,39 @@ class Setup(NamedTuple):
         return min(self.pp - stage, self.microbatches)
 
 
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+_positive = check_positive
+
+
+def _capacity(gpu_memory_gb) -> int:
+    """Bytes of a GPU of ``gpu_memory_gb`` GB: a positive, finite number (not a string)."""
+    if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, Real) \
+            or not math.isfinite(gpu_memory_gb) or not gpu_memory_gb > 0:
+        raise ValueError(f"gpu_memory_gb must be positive: a finite number of GB such as 80, "
+                         f"got {gpu_memory_gb!r}")
+    return int(gpu_memory_gb * GB)
 
 
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-           gpu_memory_gb) -> Setup:
+           gpu_memory_gb, zero=0) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones."""
     if isinstance(model, str):
         model = get_config(model)
     if not isinstance(model, (TransformerConfig, BookMLP)):
         raise TypeError(f"model must be a TransformerConfig, a config name or a BookMLP, "
                         f"got {type(model).__name__}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)} "
-                         f"(fp16/bf16 mean mixed precision with fp32 master weights)")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
-    if schedule not in ESTIMATED_SCHEDULES:
+    precision = check_precision(precision)
+    optimizer = check_optimizer(optimizer)
+    if not isinstance(schedule, str) or schedule not in ESTIMATED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(ESTIMATED_SCHEDULES)}")
-    shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+    check_zero(zero)
+    capacity = _capacity(gpu_memory_gb)
+    if isinstance(input_shape, (tuple, list)) and input_shape:
+        shape = tuple(input_shape)
+    elif isinstance(input_shape, int) and not isinstance(input_shape, bool):
+        shape = (input_shape,)
+    else:
+        raise ValueError(f"input_shape must be the global batch as a tuple of ints, (batch, "
+                         f"seq) for a transformer or (batch,) for an MLP, got {input_shape!r}")
     if isinstance(model, TransformerConfig):
         if len(shape) != 2:
             raise ValueError(f"a transformer's input_shape is (batch, seq), got {input_shape!r}")
@@ -197,10 +203,8 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     elif tp != 1:
         raise ValueError(f"tensor parallelism is modelled for transformer configs; "
                          f"use tp=1 for {model!r}")
-    if not gpu_memory_gb > 0:
-        raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
-    return Setup(model, batch, seq, PRECISIONS[precision], optimizer, dp, tp, pp, microbatches,
-                  schedule, int(gpu_memory_gb * GB))
+    return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
+                 capacity, zero)
 
 
 def _split(n: int, parts: int) -> list[int]:
@@ -229,6 +233,7 @@ def _stage_parameters(s: Setup, stage: int) -> int:
 def _micro(model, batch, seq, precision, tp=1, pp=1) -> Setup:
     """Validate the arguments of one micro-batch's activation count."""
     model = get_config(model) if isinstance(model, str) else model
+    _positive("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, TransformerConfig) else (batch,)
     return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80)
 
@@ -240,8 +245,8 @@ def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", t
     The pipeline chapter multiplies this by the micro-batches a stage holds in flight.
     """
     s = _micro(model, batch, seq, precision, tp, pp)
-    if not 0 <= stage < pp:
-        raise ValueError(f"stage must be in 0..{pp - 1}, got {stage}")
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
+        raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
     per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp).values())
     counts = _split(len(per_layer) - 2, pp)  # the first and last entries are the two ends
     start = 1 + sum(counts[:stage])
@@ -275,25 +280,25 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
-    n = _stage_parameters(s, stage)
+    states = model_state_bytes(_stage_parameters(s, stage), s.optimizer, s.precision.name,
+                               s.dp, s.zero)
     acts = activation_bytes(s.model, s.micro_batch, s.seq, s.precision.name, s.tp, stage, s.pp)
-    return Breakdown(parameters=n * s.precision.bytes, gradients=n * s.precision.bytes,
-                     optimizer_state=4 * OPTIMIZERS[s.optimizer] * n,
-                     master_weights=4 * n if s.precision.master else 0,
-                     activations=s.in_flight(stage) * acts, capacity=s.capacity, label=label)
+    return Breakdown(**states.parts(), activations=s.in_flight(stage) * acts,
+                     capacity=s.capacity, label=label)
 
 
 def describe_setup(s: Setup, what: str) -> str:
     name = s.model.name if isinstance(s.model, TransformerConfig) else repr(s.model)
     split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
     mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
+    zero = f", ZeRO-{s.zero}" if s.zero else ""
     return (f"{what}: {name}, batch {s.batch}" + (f" x seq {s.seq}" if s.seq > 1 else "")
-            + f", {s.precision.name}, {s.optimizer}{split}{mb}")
+            + f", {s.precision.name}, {s.optimizer}{split}{zero}{mb}")
 
 
 def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32", dp: int = 1,
              tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
-             gpu_memory_gb: float = 80) -> Breakdown:
+             gpu_memory_gb: float = 80, zero: int = 0) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``input_shape`` is the global batch: ``(batch, seq)`` for a transformer, ``(batch,)`` for
@@ -301,9 +306,11 @@ def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32
     spread over ``pp`` stages and each layer's matrices over ``tp`` GPUs. Only the first and
     the last stage are evaluated: the first holds the embeddings and the most micro-batches in
     flight, the last the output layer, and a middle stage never holds more than the first.
+    ``zero`` (0 to 3) shards the model states of each GPU's parameters over the ``dp``
+    replicas as :func:`parlab.memory.model_state_bytes` describes; activations are unchanged.
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-               gpu_memory_gb)
+               gpu_memory_gb, zero)
     stages = {0, pp - 1}
     label = describe_setup(s, "estimate per GPU")
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
@@ -311,15 +318,18 @@ def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32
 
 def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32",
              gpu_memory_gb: float = 80, microbatches: int = 1, schedule: str = "1f1b",
-             max_tp: int = 8) -> Plan:
+             max_tp: int = 8, zero: int = 0) -> Plan:
     """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
 
     Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
     GPUs), as in practice; pipeline stages may hold unequal numbers of layers.
-    Plain data parallelism copies the whole model state, so it only helps by cutting the
-    activations of each replica.
+    Plain data parallelism (``zero=0``) copies the whole model state, so it only helps by
+    cutting the activations of each replica; with ZeRO (``zero`` 1 to 3) it also shards the
+    model states.
     """
-    s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, 1, schedule, gpu_memory_gb)
+    _positive("max_tp", max_tp)
+    s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
+                      gpu_memory_gb, zero)
     one = estimate(model, input_shape, optimizer, precision, gpu_memory_gb=gpu_memory_gb)
     ideal = math.ceil(one.total / s.capacity)
     transformer = isinstance(s.model, TransformerConfig)
@@ -334,11 +344,13 @@ def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32
                 if best is not None and dp * tp * pp >= best.gpus:
                     break
                 b = estimate(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
-                             schedule, gpu_memory_gb)
+                             schedule, gpu_memory_gb, zero)
                 if b.fits:
                     best = Plan(dp * tp * pp, dp, tp, pp, b, ideal)
                     break
     if best is None:
         raise ValueError(f"{describe_setup(s, 'does not fit')} on any split up to tp={max_tp}, "
-                         f"pp={layers}: use more micro-batches or a bigger GPU")
+                         f"pp={layers}: use more micro-batches, "
+                         + (f"ZeRO (zero={s.zero + 1} to 3) " if s.zero < 3 else "")
+                         + "or a bigger GPU")
     return best

@@ -25,6 +25,19 @@ def _unique_bytes(tensors) -> int:
     return sum(storages.values())
 
 
+def _check_device(device) -> None:
+    """A ValueError unless ``device`` names the CPU or an available CUDA GPU."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device such as 'cuda' or 'cuda:0', "
+                         f"got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but no CUDA GPU is available; use device='cpu'")
+
+
 def _trainable(s: Setup, device, seed):
     """A real model in the compute dtype, and one loss closure per micro-batch in flight."""
     import torch.nn.functional as F
@@ -63,6 +76,9 @@ def measure(model, input_shape, optimizer: str = "adam", precision: str = "fp32"
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
                gpu_memory_gb)
+    _check_device(device)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     if tp != 1 or pp != 1:
         raise ValueError("measure runs in one process: tp and pp must be 1 (chapters 03 and 04 "
                          "measure the split layers on real ranks)")

@@ -1,0 +1,22 @@
+"""Sharded data parallelism (chapter 06, beyond the book): ZeRO stages 0 to 3 and PyTorch's FSDP.
+
+``flat`` (a layer's parameters as one flat buffer cut into N equal shards, and the two
+single-tensor collectives that move it), ``zero`` (ZeRO by hand: which rank keeps what and
+which collective runs when, for stages 0 to 3), ``runs`` (N real ranks against one process,
+step by step, with the model-state bytes each rank held and the toy backend's log),
+``fsdp`` (the same problem through ``torch.distributed.fsdp.fully_shard``). Imports
+:mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and :mod:`parlab.memory`.
+"""
+
+from parlab.sharded.flat import all_gather_into, FlatShard, reduce_scatter_into
+from parlab.sharded.zero import check_optimizer, check_stage, make_optimizer, Zero
+from parlab.sharded.runs import (
+    layer_values, local_batch, make_batch, make_model, RankResult, reference, ShardRun, ShardSpec,
+    train, train_rank
+)
+from parlab.sharded.fsdp import fsdp_rank, train_fsdp
+
+__all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "Zero", "check_stage",
+           "check_optimizer", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
+           "make_model", "make_batch", "local_batch", "layer_values", "train", "train_rank",
+           "reference", "train_fsdp", "fsdp_rank"]

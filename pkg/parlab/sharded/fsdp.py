@@ -1,0 +1,100 @@
+"""The same problem through PyTorch's own FSDP (``torch.distributed.fsdp.fully_shard``, FSDP2).
+
+Why this module exists: :mod:`parlab.sharded.zero` shows the mechanism; a reader then meets
+it as FSDP. ``fully_shard`` on each ``nn.Linear`` and then on the model is ZeRO stage 3 with
+layer-sized units: every parameter becomes a ``DTensor`` sharded along dimension 0 (rank r
+keeps chunk r of ``tensor.chunk(N)``), gathered before each layer's forward and backward and
+freed after, its gradient reduce-scattered. It runs on CPU ranks with gloo, and on the toy
+backend, whose log then shows FSDP's own all-gathers and reduce-scatters.
+:func:`train_fsdp` returns the same :class:`~parlab.sharded.runs.ShardRun` as ours, so the
+two are compared number for number.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from parlab.comm import run_with_traffic
+from parlab.launch import rank_device, run
+from parlab.sharded.runs import local_batch, make_model, RankResult, ShardRun, ShardSpec
+from parlab.sharded.zero import make_optimizer
+
+__all__ = ["train_fsdp", "fsdp_rank"]
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _state_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes this rank holds of each kind: the local shards of parameters, gradients, state."""
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor) and v.dim() > 0]
+    count = lambda ts: sum(_local(t).numel() * _local(t).element_size()   # noqa: E731
+                           for t in ts if t is not None)
+    return {"parameters": count(params), "gradients": count(p.grad for p in params),
+            "optimizer_state": count(state)}
+
+
+def _slices(model) -> list[torch.Tensor]:
+    """This rank's dimension-0 chunk of every parameter, layer by layer (weight, then bias).
+
+    Rank r's chunks of all ranks, stacked in rank order per parameter, rebuild the parameter;
+    :func:`train_fsdp` does that so the result compares with :func:`~parlab.sharded.reference`.
+    """
+    return [[_local(p).detach().cpu().clone() for p in m.parameters()]
+            for m in model.children() if any(True for _ in m.parameters())]
+
+
+def fsdp_rank(spec: ShardSpec) -> RankResult:
+    """Runs on every rank: ``spec.steps`` steps with ``fully_shard`` on every layer."""
+    from torch.distributed.fsdp import fully_shard
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = rank_device()
+    model = make_model(spec).to(device)
+    for layer in model.children():
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = make_optimizer(spec.optimizer, model.parameters(), spec.lr)
+    losses, slices, state = [], [], {}
+    for step in range(spec.steps):
+        x, y = (t.to(device) for t in local_batch(spec, step, rank, world))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        state = _state_bytes(model, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        slices.append(_slices(model))
+    return RankResult(rank, losses, slices, state)
+
+
+def train_fsdp(world_size: int, spec: ShardSpec = ShardSpec(), *, backend: str | None = None,
+               timeout: float | None = None) -> ShardRun:
+    """:func:`~parlab.sharded.train` with ``fully_shard`` instead of ours (ZeRO stage 3).
+
+    FSDP shards each tensor along dimension 0, not each layer's flat buffer, so the run
+    carries each step's layers rebuilt from the ranks' chunks (``ShardRun.rebuilt``):
+    :meth:`ShardRun.parameters` and :meth:`ShardRun.max_difference` then work unchanged.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if spec.samples % world_size:
+        raise ValueError(f"spec.samples={spec.samples} does not split evenly over world_size="
+                         f"{world_size} ranks; use a multiple of {world_size} samples")
+    options = {} if timeout is None else {"timeout": timeout}
+    log = None
+    if backend == "toy":
+        results, log = run_with_traffic(fsdp_rank, world_size, spec, **options)
+    else:
+        results = run(fsdp_rank, world_size, spec, backend=backend, **options)
+    rebuilt = [[torch.cat([torch.cat([r.slices[step][i][j] for r in results]).reshape(-1)
+                           for j in range(len(results[0].slices[step][i]))])
+                for i in range(len(results[0].slices[step]))]
+               for step in range(spec.steps)]
+    return ShardRun(3, world_size, spec, results, log, rebuilt)

@@ -1,0 +1,141 @@
+"""ZeRO stages 0-3 by hand and PyTorch's FSDP2, on real ranks, against one process training alone.
+
+Each (stage, ranks, backend) runs once (module-scoped cache) and is checked three ways:
+the parameters after every step equal plain single-process Adam written here with torch
+only; the model-state bytes each rank held equal the ZeRO paper's formula, written here
+independently; on the toy backend, the bytes each rank sent per step equal the closed
+forms 2(N-1)/N Psi (stages 0-2) and 3(N-1)/N Psi (stage 3).
+"""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parlab import sharded
+from parlab.launch import preload
+from parlab.memory import model_state_bytes
+
+SPEC = sharded.ShardSpec(sizes=(16, 32, 32, 8), samples=16, steps=3, lr=1e-2)
+PSI_BYTES = 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 8 + 8)     # fp32 parameters
+TOL = 1e-6
+preload("torch.optim", "torch.distributed.fsdp")
+
+
+@functools.cache
+def torch_reference(spec=SPEC):
+    """Per step: the loss and every layer's weight and bias end to end, one process, whole batch."""
+    model = sharded.make_model(spec)
+    optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
+    out = []
+    for step in range(spec.steps):
+        x, y = sharded.make_batch(spec, step)
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        layers = [torch.cat([m.weight.detach().reshape(-1), m.bias.detach()])
+                  for m in model if isinstance(m, torch.nn.Linear)]
+        out.append((loss.item(), layers))
+    return out
+
+
+@functools.cache
+def zero_run(stage, n, backend):
+    return sharded.train(stage, n, SPEC, backend=backend)
+
+
+@functools.cache
+def fsdp_run(n, backend):
+    return sharded.train_fsdp(n, SPEC, backend=backend)
+
+
+def paper_bytes(stage, n, psi=PSI_BYTES):
+    """Rajbhandari et al.: fp32 Adam keeps params psi, grads psi, two moments 2 psi; stage k
+    divides the optimizer state (k>=1), gradients (k>=2) and parameters (k=3) by N."""
+    return {"parameters": psi // n if stage == 3 else psi,
+            "gradients": psi // n if stage >= 2 else psi,
+            "optimizer_state": 2 * psi // n if stage >= 1 else 2 * psi}
+
+
+def assert_equals_reference(run):
+    for step, (loss, layers) in enumerate(torch_reference()):
+        assert run.losses()[step] == pytest.approx(loss, abs=TOL)
+        for mine, theirs in zip(run.parameters(step), layers):
+            torch.testing.assert_close(mine, theirs, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "toy"])
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stage_equals_single_process(stage, n, backend):
+    assert_equals_reference(zero_run(stage, n, backend))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_memory_per_rank_equals_paper_formula(stage, n):
+    run = zero_run(stage, n, "gloo")
+    for held in run.state_bytes():
+        assert held == paper_bytes(stage, n)
+        formula = model_state_bytes(SPEC.parameters, "adam", "fp32", n, stage)
+        assert held == {k: v for k, v in formula.parts().items() if k != "master_weights"}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_traffic_equals_closed_forms(stage, n):
+    run = zero_run(stage, n, "toy")
+    factor = 3 if stage == 3 else 2
+    assert run.bytes_sent_per_step() == factor * (n - 1) * PSI_BYTES / n
+    sent = run.log.per_rank()["sent"]
+    assert set(sent) == {factor * (n - 1) * PSI_BYTES // n * SPEC.steps}   # every rank alike
+
+
+def test_zero3_gathers_every_layer_twice_and_scatters_once():
+    table = sharded.train(3, 2, SPEC.replace(steps=1), backend="toy").collectives()
+    layers = range(len(SPEC.sizes) - 1)
+    for layer in layers:
+        rows = table[table.layer == layer]
+        assert sorted(zip(rows.collective, rows.phase)) == [
+            ("all_gather", "backward"), ("all_gather", "forward"), ("reduce_scatter", "backward")]
+    assert list(table.phase[:len(layers)]) == ["forward"] * len(layers)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "toy"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp2_equals_single_process_and_ours(n, backend):
+    run = fsdp_run(n, backend)
+    assert_equals_reference(run)
+    assert run.state_bytes() == zero_run(3, n, "gloo").state_bytes()
+
+
+def test_fsdp2_moves_the_same_bytes_as_our_stage_3():
+    assert fsdp_run(2, "toy").log.total_bytes == zero_run(3, 2, "toy").log.total_bytes
+    ops = set(fsdp_run(2, "toy").log.to_pandas().op)
+    assert ops == {"all_gather", "reduce_scatter"}
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(stage=4), "stage must be one of"), (dict(stage=True), "stage must be one of"),
+    (dict(world_size=3), "does not split evenly"), (dict(world_size=0), "world_size"),
+])
+def test_zero_bad_input_fails_before_any_rank_starts(bad, match):
+    args = dict(stage=1, world_size=2) | bad
+    with pytest.raises(ValueError, match=match):
+        sharded.train(args["stage"], args["world_size"], SPEC)
+
+
+def test_zero_unknown_optimizer_is_named():
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        sharded.ShardSpec(optimizer="lamb")
+
+
+def test_zero_flat_shard_pads_to_equal_shards():
+    layer = torch.nn.Linear(3, 3)       # 12 parameters over 5 ranks: 3 each, 3 of padding
+    shard = sharded.FlatShard(layer, rank=4, world_size=5, own_shard=True)
+    assert (shard.numel, shard.shard_numel, shard.padded) == (12, 3, 15)
+    assert shard.values().numel() == 0                   # rank 4 owns only padding
+    expected = torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()])
+    torch.testing.assert_close(shard.full[:12], expected)
