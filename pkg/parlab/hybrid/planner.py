@@ -51,7 +51,7 @@ from parlab.memory import Breakdown
 from parlab.units import format_bytes
 from parlab.models import TransformerConfig, count_parameters, get_config
 from parlab.comm import Mesh
-from parlab.hybrid.placement import cluster, group_links, place
+from parlab.hybrid.placement import _positive, cluster, group_links, place
 from parlab.tensor_parallel import divisors
 from parlab.comm import allreduce_time, Topology
 from parlab.models import H100_BF16_TFLOPS, MFU, compute_seconds
@@ -81,6 +81,21 @@ class Assumptions:
                 or self.global_batch < 1:
             raise ValueError(f"global_batch must be a positive number of sequences, got "
                              f"{self.global_batch!r}")
+        if self.seq is not None:
+            _positive("seq", self.seq)  # 0 would silently mean the model's context
+        m = self.microbatches
+        if m is not None and not isinstance(m, (tuple, list)):
+            raise TypeError(f"microbatches must be a tuple of micro-batch counts (None: every "
+                            f"count that divides a replica's batch), got {m!r}; write ({m!r},)")
+        if m is not None and (not m or any(isinstance(x, bool) or not isinstance(x, int)
+                                           or x < 1 for x in m)):
+            raise ValueError(f"microbatches must hold one or more positive integers, got {m!r}")
+        if self.precision not in memory.PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of "
+                             f"{list(memory.PRECISIONS)}")
+        if self.optimizer not in memory.OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of "
+                             f"{list(memory.OPTIMIZERS)}")
         if not self.gpu_tflops > 0 or not 0 < self.mfu <= 1:
             raise ValueError(f"gpu_tflops must be positive and mfu in (0, 1], got "
                              f"{self.gpu_tflops!r} and {self.mfu!r}")
@@ -100,6 +115,8 @@ def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float
     """
     if schedule not in memory.ESTIMATED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(memory.ESTIMATED_SCHEDULES)}")
+    _positive("pp", pp)
+    _positive("microbatches", microbatches)
     return (pp - 1) / (microbatches + pp - 1)
 
 
@@ -173,6 +190,7 @@ class Layout:
 
     def placement_table(self, ranks: int = 16) -> str:
         """The first ``ranks`` ranks: replica, stage, tensor index, GPU name, server, rail."""
+        _positive("ranks", ranks)
         gpu_of, mesh = self.placement(), self.mesh
         lines = ["rank  replica  stage  tensor  GPU   server  rail"]
         for rank in range(min(ranks, self.gpus)):
@@ -286,6 +304,8 @@ def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb
              **kwargs) -> Layout:
     """Memory and step time of one layout (fitting or not); keywords as in :func:`plan`."""
     config = get_config(config)
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
+        _positive(name, value)  # before cluster(dp * tp * pp) would blame the product, "gpus"
     a = assumptions or Assumptions(**kwargs)
     topology = topology or cluster(dp * tp * pp)
     per_server = min(topology.gpus_per_server, dp * tp * pp)
@@ -312,6 +332,7 @@ def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology |
            nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> Search:
     """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
     config = get_config(config)
+    _positive("gpus", gpus)
     a = Assumptions(**assumptions)
     if not gpu_memory_gb > 0:
         raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
@@ -364,6 +385,7 @@ def plan(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | N
 
 def table(layouts, top: int = 10) -> str:
     """The first ``top`` layouts as aligned text: degrees, memory, step time and its parts."""
+    _positive("top", top)
     layouts = list(layouts)[:top]
     if not layouts:
         return "(no layout fits)"

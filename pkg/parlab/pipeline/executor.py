@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from parlab.pipeline.schedules import Schedule
+from parlab.pipeline.schedules import Schedule, _check_count
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 
 __all__ = ["Network", "Execution", "execute", "reference", "run_stages", "stage_layers",
@@ -43,6 +43,14 @@ class Network:
     widths: tuple = (3, 4, 4, 4, 2)
     samples: int = 8
     seed: int = 0
+
+    def __post_init__(self):
+        w = self.widths
+        if not isinstance(w, (tuple, list)) or len(w) < 2 or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in w):
+            raise ValueError(f"widths must be inputs, hidden sizes..., outputs: two or more "
+                             f"whole numbers >= 1, got {w!r}")
+        _check_count("samples", self.samples, "samples in the batch")
 
     @property
     def layers(self) -> int:
@@ -79,12 +87,15 @@ class Network:
 
 def stage_layers(net: Network, virtual_stages: int, stage: int) -> range:
     """Which layers (0-based) (virtual) stage ``stage`` holds: an equal, contiguous share."""
+    _check_count("stages", virtual_stages, "pipeline stages x chunks")
     if virtual_stages > net.layers:
         raise ValueError(f"stages={virtual_stages} is more than the network's {net.layers} "
                          f"layers: every stage needs at least one layer")
     if net.layers % virtual_stages:
         raise ValueError(f"the network's {net.layers} layers do not split evenly over "
                          f"{virtual_stages} stages x chunks; choose a divisor of {net.layers}")
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < virtual_stages:
+        raise ValueError(f"stage must be in 0..{virtual_stages - 1}, got {stage!r}")
     per = net.layers // virtual_stages
     return range(stage * per, (stage + 1) * per)
 
@@ -276,6 +287,8 @@ def execute(sched: Schedule, net: Network | None = None, backend: str | None = "
     with single-process training. ``backend`` is "gloo" (CPU), "nccl" (one GPU per rank)
     or "toy", which also logs every message, step by step (``traffic_by_step``)."""
     net = net or Network()
+    if not isinstance(net, Network):
+        raise TypeError(f"net must be a parlab.pipeline.Network, got {type(net).__name__}")
     sim = simulate(sched)
     stage_layers(net, sched.virtual_stages, 0)  # a clear error before any rank starts
     _split(sched, *net.batch())

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from parlab.comm import Mesh
 from parlab.launch import rank_device
 from parlab.pipeline.executor import Network, max_difference, reference, run_stages, stage_layers
-from parlab.pipeline.schedules import Schedule, entry_actions
+from parlab.pipeline.schedules import Schedule, _check_count, entry_actions
 from parlab.pipeline.simulator import simulate
 
 __all__ = ["HybridRun", "pipeline_data_parallel", "hybrid_name", "TorchRun", "torch_pipelining",
@@ -117,8 +117,7 @@ def pipeline_data_parallel(sched: Schedule, replicas: int = 2, net: Network | No
     """Run ``replicas`` copies of the pipeline ``sched``, each on its share of the batch,
     then synchronize each layer's gradients across its copies (Figure 8-14)."""
     net = net or Network()
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    _check_count("replicas", replicas, "copies of the pipeline")
     if net.samples % (replicas * sched.microbatches):
         raise ValueError(f"{net.samples} samples do not split into {replicas} replicas x "
                          f"{sched.microbatches} micro-batches; use a multiple of "
@@ -196,6 +195,8 @@ def torch_pipelining(kinds=("gpipe", "1f1b"), stages: int = 4, microbatches: int
     """Run torch's ``ScheduleGPipe`` ("gpipe") and/or ``Schedule1F1B`` ("1f1b") on ``stages``
     gloo ranks over the chapter's network; returns {kind: TorchRun}."""
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    _check_count("stages", stages, "pipeline stages, one rank each")
+    _check_count("microbatches", microbatches, "micro-batches per batch")
     for kind in kinds:
         if kind not in ("gpipe", "1f1b"):
             raise ValueError(f"kinds must be 'gpipe' and/or '1f1b' (torch's ScheduleGPipe and "

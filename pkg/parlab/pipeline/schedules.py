@@ -309,15 +309,22 @@ def schedule(name: str, stages: int = 4, microbatches: int = 4, chunks: int = 1,
 
 def from_order(pipeline_order: dict, chunks: int = 1, name: str = "custom") -> Schedule:
     """A :class:`Schedule` from a hand-written ``pipeline_order`` (checked by the simulator)."""
-    if not isinstance(pipeline_order, dict) or not pipeline_order:
-        raise ValueError("pipeline_order must be a dict {rank: [entry per time step]}, "
-                         f"got {type(pipeline_order).__name__}")
+    if not isinstance(pipeline_order, dict):
+        raise TypeError("pipeline_order must be a dict {rank: [entry per time step]}, "
+                        f"got {type(pipeline_order).__name__}")
+    if not pipeline_order:
+        raise ValueError("pipeline_order must hold one row per rank, {rank: [entry per time "
+                         "step]} with ranks 0, 1, ...; got an empty dict")
+    _check_count("chunks", chunks, "model chunks per rank")
     stages = len(pipeline_order)
     if sorted(pipeline_order) != list(range(stages)):
         raise ValueError(f"pipeline_order must have ranks 0..{stages - 1} as keys, got "
                          f"{sorted(pipeline_order)}")
     rows = {r: list(pipeline_order[r]) for r in range(stages)}
     actions = [a for row in rows.values() for e in row for a in entry_actions(e)]
+    if not actions:
+        raise ValueError(f"pipeline_order must hold at least one action such as '0F0', got "
+                         f"{pipeline_order!r}")
     microbatches = max((a.microbatch for a in actions), default=-1) + 1
     steps = max(len(row) for row in rows.values())
     rows = {r: row + [None] * (steps - len(row)) for r, row in rows.items()}

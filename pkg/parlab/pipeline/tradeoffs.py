@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab import memory
-from parlab.pipeline.schedules import schedule
+from parlab.pipeline.schedules import SCHEDULES, _check_count, schedule
 from parlab.pipeline.simulator import Simulation, simulate
 from parlab.units import format_bytes
 
@@ -63,6 +63,19 @@ def compare(stages: int = 4, microbatches: int = 8, chunks: int = 2, model=DEFAU
     tokens per micro-batch; the naive schedule pushes all of them at once. A schedule that
     cannot run at these numbers gets a row with ``error`` set instead of failing the rest.
     """
+    for arg, value, what in (("stages", stages, "pipeline stages"),
+                             ("microbatches", microbatches, "micro-batches per batch"),
+                             ("chunks", chunks, "model chunks per rank, for 'interleaved'"),
+                             ("microbatch_size", microbatch_size, "sequences per micro-batch"),
+                             ("seq", seq, "tokens per sequence")):
+        _check_count(arg, value, what)  # bad input fails here, not as an error row per schedule
+    names = (names,) if isinstance(names, str) else tuple(names)
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown or not names:
+        raise ValueError(f"names must be one or more of {sorted(SCHEDULES)}, got {names!r}")
+    if precision not in memory.PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of "
+                         f"{list(memory.PRECISIONS)}")
     rows = []
     for name in names:
         v = chunks if name == "interleaved" else 1

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from parlab.comm import ring_wire_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
+from parlab.tensor_parallel.attention import _check_grad_sync
+from parlab.tensor_parallel.ffn import layout
+from parlab.tensor_parallel.sharding import _positive
 
 __all__ = ["BOOK_SAYS", "gpt3_counts", "parameter_memory", "embedding_table", "SLIDE_FORMULAS",
            "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total"]
@@ -53,7 +56,14 @@ def parameter_memory(config: TransformerConfig | str = GPT3_175B, degrees=(1, 2,
 
 def _bytes(precision: str) -> int:
     from parlab.memory import PRECISIONS
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)}")
     return PRECISIONS[precision].bytes
+
+
+def _positives(**values) -> None:
+    for name, value in values.items():
+        _positive(name, value)
 
 
 def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str = "fp16",
@@ -65,8 +75,11 @@ def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str 
     all-reduces instead.
     """
     c = get_config(config)
-    seq = seq or c.context
     size = _bytes(precision)
+    _positive("batch", batch)
+    if seq is not None:  # None: the model's context
+        _positive("seq", seq)
+    seq = seq or c.context
     counts = count_parameters(c)
     return {"vocab": c.vocab, "d_model": c.d_model, "parameters": c.vocab * c.d_model,
             "bytes": c.vocab * c.d_model * size,
@@ -77,6 +90,7 @@ def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str 
 
 def slide_costs(batch: int, c_in: int, c_out: int) -> dict:
     """The slides' numbers per layer: data C_in x C_out, partition B x C_out, reduce B x C_in."""
+    _positives(batch=batch, c_in=c_in, c_out=c_out)
     return {"data": c_in * c_out, "partition_output": batch * c_out,
             "reduce_output": batch * c_in}
 
@@ -106,6 +120,8 @@ def attention_bytes(variant: str, batch: int, seq: int, d_model: int, n: int = 2
     all-gathers of Q and K; the output all-reduce; backward: Q and K gathered again, their
     gradients summed (all-reduce, or reduce-scatter), X's gradient reduced onto A1.
     """
+    _positives(batch=batch, seq=seq, d_model=d_model, n=n, element=element)
+    _check_grad_sync(grad_sync)
     S = batch * seq * d_model * element
     if variant in ("megatron", "pytorch"):
         return _phases([("all_reduce", S)], [("all_reduce", S)], n)
@@ -120,6 +136,7 @@ def attention_bytes(variant: str, batch: int, seq: int, d_model: int, n: int = 2
 def strategy_bytes(strategy: str, batch: int, c_in: int, c_out: int, n: int = 2,
                    element: int = 4) -> dict:
     """Predicted ``{phase: {op: wire bytes}}`` of one linear layer under a slide strategy."""
+    _positives(batch=batch, c_in=c_in, c_out=c_out, n=n, element=element)
     weights = c_in * c_out * element
     inputs, outputs = batch * c_in * element, batch * c_out * element
     table = {"data": ([], [("all_reduce", weights)]),
@@ -136,8 +153,11 @@ def ffn_bytes(sizes, tensor: int = 2, batch: int = 4, element: int = 4) -> dict:
     Forward: each stage all-gathers its output inside the server (NVLink) and each of its
     ``tensor`` GPUs sends the whole output along its rail. Backward: each stage all-reduces
     the error of its input (NVLink) and, except the first, sends it back along the rails.
+    Only for the splits :func:`parlab.tensor_parallel.layout` accepts (it raises the others).
     """
     sizes = tuple(sizes)
+    layout(sizes, tensor)  # the same check as the network that these bytes describe
+    _positives(batch=batch, element=element)
     stages = len(sizes) - 1
     fwd = {"nvlink": 0.0, "rail": 0.0}
     bwd = {"nvlink": 0.0, "rail": 0.0}

@@ -22,6 +22,7 @@ from torch import nn
 
 from parlab.launch import run
 from parlab.tensor_parallel.runs import Comparison, _Phases, merge_grads, phase_split
+from parlab.tensor_parallel.sharding import _positive, balanced_ranges, check_degree
 
 __all__ = ["run_mlp", "run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES",
            "mlp_rank", "embedding_rank", "strategy_rank"]
@@ -97,8 +98,9 @@ def mlp_rank(d_model, d_ff, batch, seq, seed) -> dict:
 def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, world_size: int = 2,
             backend: str = "gloo", seed: int = 0) -> Comparison:
     """The Megatron MLP (column-parallel fc1, row-parallel fc2) next to ``parlab.models.MLP``."""
-    from parlab.tensor_parallel.sharding import check_degree
-    check_degree(world_size, d_ff, "hidden neurons of the MLP (d_ff)")
+    for name, value in (("d_model", d_model), ("batch", batch), ("seq", seq)):
+        _positive(name, value)
+    check_degree(world_size, d_ff, "hidden neurons of the MLP (d_ff)", "world_size")
     results = run(mlp_rank, world_size, d_model, d_ff, batch, seq, seed, backend=backend)
     mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
     x.requires_grad_()
@@ -141,7 +143,9 @@ def run_embedding(kind: str, vocab: int = 10, d_model: int = 4, batch: int = 2, 
     """One of :data:`EMBEDDINGS` on ``world_size`` ranks, next to ``nn.Embedding``."""
     if kind not in EMBEDDINGS:
         raise ValueError(f"unknown embedding {kind!r}; choose one of {list(EMBEDDINGS)}")
-    from parlab.tensor_parallel.sharding import balanced_ranges
+    for name, value in (("vocab", vocab), ("d_model", d_model), ("batch", batch), ("seq", seq),
+                        ("world_size", world_size)):
+        _positive(name, value)
     balanced_ranges(vocab, world_size)  # more ranks than token ids is an error before launching
     results = run(embedding_rank, world_size, kind, vocab, d_model, batch, seq, seed,
                   backend=backend)
@@ -193,13 +197,14 @@ def strategy_rank(strategy, batch, c_in, c_out, seed) -> dict:
 def run_layer_strategy(strategy: str, batch: int = 4, c_in: int = 6, c_out: int = 8,
                        world_size: int = 2, backend: str = "gloo", seed: int = 0) -> Comparison:
     """One linear layer (C_in -> C_out, no bias, batch B) split by one of :data:`STRATEGIES`."""
-    from parlab.tensor_parallel.sharding import check_degree
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+    for name, value in (("batch", batch), ("c_in", c_in), ("c_out", c_out)):
+        _positive(name, value)
     n, what = {"data": (batch, "samples of the batch"),
                "partition_output": (c_out, "output features (C_out)"),
                "reduce_output": (c_in, "input features (C_in)")}[strategy]
-    check_degree(world_size, n, what)
+    check_degree(world_size, n, what, "world_size")
     results = run(strategy_rank, world_size, strategy, batch, c_in, c_out, seed, backend=backend)
     linear, x, weight = _strategy_setup(batch, c_in, c_out, seed)
     x.requires_grad_()

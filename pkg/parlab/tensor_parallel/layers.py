@@ -166,6 +166,14 @@ class VocabParallelEmbedding(nn.Module):
         return cls(spec.take(embedding.weight.data), spec, group)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # an id no rank owns would come out as a zero vector: fail as nn.Embedding does, on
+        # every rank alike (they all see the same ids), before the all-reduce
+        vocab = self.spec.shape[0]
+        if ids.numel():
+            low, high = torch.stack(torch.aminmax(ids)).tolist()  # one sync for both ends
+            if low < 0 or high >= vocab:
+                raise IndexError(f"token id {low if low < 0 else high} is out of range for a "
+                                 f"vocabulary of {vocab} ids (valid ids: 0 to {vocab - 1})")
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = torch.where(outside, torch.zeros_like(ids), ids - self.vocab_start)
         vectors = F.embedding(local, self.weight) * (~outside).unsqueeze(-1)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from parlab.comm.toy import transfers
 from parlab.launch import run
-from parlab.tensor_parallel.sharding import merge
+from parlab.tensor_parallel.sharding import _positive, check_degree, merge
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
            "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
@@ -269,15 +269,17 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     :class:`parlab.tensor_parallel.attention.BookAttention`), ``prepare_input`` to PyTorch's (see
     :func:`parlab.tensor_parallel.attention.dtensor_attention`).
     """
-    from parlab.tensor_parallel.sharding import check_degree
+    from parlab.tensor_parallel.attention import _check_grad_sync, _check_heads
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
-    if d_model % n_heads:
-        raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
-    if variant == "book":  # fail here, before any rank starts, with the same message
-        check_degree(world_size, d_model, "features of the hidden size (d_model)")
+    _check_heads(d_model, n_heads)  # every check here runs before any rank starts
+    _positive("batch", batch)
+    _positive("seq", seq)
+    _check_grad_sync(grad_sync)
+    if variant == "book":  # the same messages as the layers' own checks on the ranks
+        check_degree(world_size, d_model, "features of the hidden size (d_model)", "world_size")
     else:
-        check_degree(world_size, n_heads, "attention heads")
+        check_degree(world_size, n_heads, "attention heads", "world_size")
     results = run(attention_rank, world_size, variant, d_model, n_heads, batch, seq, causal,
                   seed, grad_sync, prepare_input, backend=backend)
     for rank, r in enumerate(results[1:], start=1):
@@ -309,9 +311,10 @@ def run_ffn(sizes=None, tensor: int = 2, batch: int = 4, micro_batches: int = 2,
 
     ``info["placements"]`` lists each rank's GPU, stage and neurons.
     """
-    from parlab.tensor_parallel.ffn import FIGURE_8_19_SIZES, layout, reference_ffn
-    sizes = tuple(sizes or FIGURE_8_19_SIZES)
+    from parlab.tensor_parallel.ffn import FIGURE_8_19_SIZES, _check_run, layout, reference_ffn
+    sizes = tuple(FIGURE_8_19_SIZES if sizes is None else sizes)
     places = layout(sizes, tensor)  # raises before any rank starts if the split is impossible
+    _check_run(batch, micro_batches, activation)
     results = run(ffn_experiment_rank, len(places), sizes, tensor, batch, micro_batches,
                   activation, seed, backend=backend)
     last = [r for r in results if r["output"] is not None]

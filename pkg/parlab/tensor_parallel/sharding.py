@@ -26,6 +26,7 @@ are the *rows* of ``weight`` (the output neurons). The specs say which one they 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -102,15 +103,25 @@ class ShardSpec:
                 f"[dim {self.dim}, {self.start}:{self.stop}] -> local {self.local_shape}")
 
 
+def _positive(name: str, value) -> None:
+    """Raise ValueError unless ``value`` is a positive int (not a bool): the subpackage's check."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def divisors(n: int) -> list[int]:
     """Every positive divisor of ``n``: the tensor-parallel degrees that split ``n`` evenly."""
+    _positive("n", n)
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_degree(parts, n: int, what: str) -> None:
-    """Raise ValueError unless ``parts`` ranks can split ``n`` ``what`` evenly."""
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"the number of ranks must be a positive integer, got {parts!r}")
+def check_degree(parts, n: int, what: str, name: str = "the number of ranks") -> None:
+    """Raise ValueError unless ``parts`` ranks can split ``n`` ``what`` evenly.
+
+    ``name`` is how the error calls ``parts`` (the caller's argument, e.g. "world_size").
+    """
+    _positive(name, parts)
+    _positive(f"the number of {what}", n)
     if parts > n:
         raise ValueError(f"{parts} ranks for {n} {what}: more ranks than {what} leaves some "
                          f"ranks with nothing; use at most {n} rank{'s' if n > 1 else ''}")
@@ -128,8 +139,8 @@ def even_ranges(n: int, parts: int, what: str = "rows") -> list[tuple[int, int]]
 
 def balanced_ranges(n: int, parts: int, what: str = "token ids") -> list[tuple[int, int]]:
     """``parts`` contiguous ranges whose sizes differ by at most one (the first are longer)."""
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"the number of ranks must be a positive integer, got {parts!r}")
+    _positive("the number of ranks", parts)
+    _positive(f"the number of {what}", n)
     if parts > n:
         raise ValueError(f"{parts} ranks for {n} {what}: more ranks than {what}; "
                          f"use at most {n} ranks")
@@ -147,18 +158,26 @@ def shard_spec(name: str, shape: Sequence[int], kind: str, parts: int, *, dim: i
     ``dim`` overrides the default dimension (0, or the last one for ``"columns"``);
     ``n_heads`` is required for ``"heads"``; ``owners`` names the GPUs, one per rank.
     """
+    shape = tuple(shape)
+    if not shape or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1
+                        for s in shape):
+        raise ValueError(f"shape must be one or more positive integers, got {shape!r}")
     shape = tuple(int(s) for s in shape)
     if kind not in KINDS:
         raise ValueError(f"unknown kind of split {kind!r}; choose one of {list(KINDS)}")
+    _positive("parts", parts)
     if dim is None:
         dim = len(shape) - 1 if kind == "columns" else 0
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"dim must be an integer, got {dim!r}")
     if not -len(shape) <= dim < len(shape):
         raise ValueError(f"dim {dim} is out of range for a tensor of shape {shape}")
     dim %= len(shape)
     n, unit = shape[dim], 1
     if kind == "heads":
-        if not n_heads:
+        if n_heads is None:
             raise ValueError("a split by heads needs n_heads")
+        _positive("n_heads", n_heads)
         if n % n_heads:
             raise ValueError(f"{n_heads} heads do not divide the {n} elements of dim {dim}")
         unit = n // n_heads
@@ -183,6 +202,9 @@ def merge(pieces: Sequence[torch.Tensor], specs: Sequence[ShardSpec]) -> torch.T
     """Glue the ranks' pieces back into the full tensor, checking each piece's shape first."""
     if len(pieces) != len(specs):
         raise ValueError(f"{len(pieces)} pieces for {len(specs)} specs")
+    if not specs:
+        raise ValueError("pieces and specs are empty: merge needs one piece and its ShardSpec "
+                         "per rank")
     for piece, spec in zip(pieces, specs):
         if tuple(piece.shape) != spec.local_shape:
             raise ValueError(f"{spec.name} rank {spec.rank}: piece has shape "
