@@ -304,8 +304,9 @@ check("05.4", answer_05_4)
 # %% [markdown]
 # ## Where to go from here
 #
-# The planner's model leaves out what production planners add: activation recomputation
-# (which removes most of the activation memory for a third more compute), sharded optimizer
-# states (ZeRO), overlap of communication with computation, interleaved pipeline schedules,
-# and contention between groups that share a NIC. Each is a change to one function of
-# `parlab.hybrid.planner` and a new column in its table: a good project to start from.
+# Chapter 06 goes beyond the book: sharded data parallelism (ZeRO stages 0 to 3, PyTorch's
+# FSDP) run on real ranks, and activation recomputation; the planner above takes the ZeRO
+# stage as `zero=`. It still leaves out what production planners add: overlap of
+# communication with computation, interleaved pipeline schedules, and contention between
+# groups that share a NIC. Each is a change to one function of `parlab.hybrid.planner` and
+# a new column in its table: a good project to start from.

@@ -139,3 +139,57 @@ def test_zero_flat_shard_pads_to_equal_shards():
     assert shard.values().numel() == 0                   # rank 4 owns only padding
     expected = torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()])
     torch.testing.assert_close(shard.full[:12], expected)
+
+
+def test_zero_exercises_accept_independent_answers_and_hide_them():
+    from parlab.exercises import check
+
+    psi, n = 7.5e9, 64
+    stage_2_gb = (2 * psi + (2 + 12) * psi / n) / 1e9          # the paper's P_os+g
+    assert check("06.1", stage_2_gb).ok is True
+    for other in (120, 31.4, 1.875):                           # stages 0, 1, 3
+        verdict = check("06.1", other)
+        assert verdict.ok is False and f"{stage_2_gb:.3g}" not in verdict.message
+    assert check("06.2", 3 * 3 / 4).ok is True
+    assert check("06.2", 2 * 3 / 4).ok is False
+    assert check("06.3", 14).ok is True                        # 16 x 70e9 / 80e9 = 14 exactly
+    assert check("06.3", 15).ok is False and "14" not in check("06.3", 15).message
+    assert check("06.3", 13).ok is False
+    assert check("06.4", 4 / 3).ok is True                     # (2 + 4 + 2) / (2 + 4)
+    assert check("06.4", 2).ok is False
+
+
+def test_zero_exercise_06_5_runs_the_readers_code_and_counts_its_bytes():
+    from parlab.exercises import check
+
+    def halves(t):
+        import torch
+        import torch.distributed as dist
+        piece = torch.empty(t.numel() // dist.get_world_size())
+        dist.reduce_scatter_tensor(piece, t)
+        dist.all_gather_into_tensor(t, piece)
+
+    def cheat(t):
+        import torch.distributed as dist
+        dist.all_reduce(t)
+
+    def half_only(t):
+        import torch
+        import torch.distributed as dist
+        piece = torch.empty(t.numel() // dist.get_world_size())
+        dist.reduce_scatter_tensor(piece, t)
+
+    assert check("06.5", halves).ok is True
+    assert "all_reduce" in check("06.5", cheat).message
+    assert check("06.5", half_only).ok is False
+
+
+def test_zero_in_the_planner_shrinks_memory_and_stage_3_costs_more_data_time():
+    from parlab.hybrid import evaluate
+    layouts = {z: evaluate("GPT-3 175B", 16, 8, 8, 96, zero=z) for z in range(4)}
+    memory = [layouts[z].memory_per_gpu_bytes for z in range(4)]
+    assert memory == sorted(memory, reverse=True) and memory[0] > memory[3]
+    data = [layouts[z].times["data"] for z in range(4)]
+    assert data[0] == data[1] == data[2] and data[3] == pytest.approx(1.5 * data[0])
+    with pytest.raises(ValueError, match="zero must be one of"):
+        evaluate("GPT-3 175B", 16, 8, 8, 96, zero=4)

@@ -20,10 +20,10 @@ The assumptions (every one is a keyword of :func:`plan`; see :class:`Assumptions
   of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x ``mfu`` (0.4: the share
   of peak a GPU sustains in its matrix multiplications). Bubbles and communication come on
   top of that, so the planner's own "achieved MFU" comes out lower.
-- **Memory**: bf16 mixed precision with Adam (2+2 bytes of weights and gradients, 4 of fp32
-  master weights, 8 of moments per parameter), activations of the micro-batches in flight
-  without recomputation, embeddings on the first stage and the head on the last: whatever
-  :func:`parlab.memory.estimate` counts.
+- **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
+  parameter), activations of the micro-batches in flight, no recomputation; ``zero`` (ZeRO
+  stage 0-3, chapter 06) shards the model states over the dp replicas, and stage 3 makes
+  the data-parallel traffic 1.5 times an all-reduce (stages 1-2 move the same bytes).
 - **Degrees**: tp divides the attention heads and the GPUs of a server (tensor-parallel
   groups stay on NVLink); pp divides the layers; dp x m divides the global batch; every
   micro-batch count m that divides a replica's share of the batch is tried.
@@ -75,6 +75,7 @@ class Assumptions:
     mfu: float = MFU
     schedule: str = "1f1b"
     microbatches: tuple | None = None  # None: every count that divides a replica's batch
+    zero: int = 0                      # ZeRO stage of the data-parallel replicas
 
     def __post_init__(self):
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
@@ -99,6 +100,8 @@ class Assumptions:
         if not self.gpu_tflops > 0 or not 0 < self.mfu <= 1:
             raise ValueError(f"gpu_tflops must be positive and mfu in (0, 1], got "
                              f"{self.gpu_tflops!r} and {self.mfu!r}")
+        if isinstance(self.zero, bool) or self.zero not in memory.ZERO_STAGES:
+            raise ValueError(f"zero must be one of {list(memory.ZERO_STAGES)}, got {self.zero!r}")
         if self.schedule not in memory.ESTIMATED_SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{list(memory.ESTIMATED_SCHEDULES)}")
@@ -172,12 +175,12 @@ class Layout:
     @property
     def achieved_mfu(self) -> float:
         """Useful FLOPs per step over what the GPUs could do at peak in the step's time."""
-        a = self.assumptions
-        return self.times["compute"] * a.mfu / self.step_time_s
+        return self.times["compute"] * self.assumptions.mfu / self.step_time_s
 
     @property
     def name(self) -> str:
-        return f"dp {self.dp} x tp {self.tp} x pp {self.pp}, m={self.microbatches}"
+        zero = f", ZeRO-{self.assumptions.zero}" if self.assumptions.zero else ""
+        return f"dp {self.dp} x tp {self.tp} x pp {self.pp}, m={self.microbatches}{zero}"
 
     def placement(self) -> list[int]:
         """The GPU of every rank (server-major index into :attr:`topology`), in rank order."""
@@ -294,7 +297,7 @@ def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_b
     busy = compute + tensor + pipeline
     fraction = bubble_fraction(pp, m, a.schedule)
     data = (allreduce_time(gradient_bytes, dp, "ring", topology.links[links["data"]])
-            if dp > 1 else 0.0)
+            * (1.5 if a.zero == 3 else 1.0) if dp > 1 else 0.0)
     return {"compute": m * compute, "bubble": m * busy * fraction / (1 - fraction),
             "tensor": m * tensor, "pipeline": m * pipeline, "data": data}
 
@@ -313,12 +316,13 @@ def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb
     if problem:
         raise ValueError(problem)
     shape = (a.global_batch, a.sequence(config))
-    breakdown = memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
-                                microbatches, a.schedule, gpu_memory_gb)
+    breakdown, whole = (memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
+                                        microbatches, a.schedule, gpu_memory_gb, zero)
+                        for zero in (a.zero, 0))   # the exchange moves the whole gradient
     gpu_of = place(dp, tp, pp, topology.gpus_per_server)
     links = group_links(dp, tp, pp, topology, gpu_of)
     b = a.global_batch // (dp * microbatches)
-    times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, breakdown.gradients)
+    times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, whole.gradients)
     return Layout(config, dp, tp, pp, microbatches, b, breakdown, times, links, topology, a)
 
 
@@ -349,7 +353,7 @@ def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology |
             result.rejected.append(Rejected(dp, tp, pp, "split", problem))
             continue
         floor = memory.estimate(config, (dp, seq), a.optimizer, a.precision, dp, tp, pp, 1,
-                                a.schedule, gpu_memory_gb)
+                                a.schedule, gpu_memory_gb, a.zero)
         if not floor.fits:
             result.rejected.append(Rejected(
                 dp, tp, pp, "memory", f"even one sequence per micro-batch needs "
@@ -375,9 +379,8 @@ def plan(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | N
     ``config`` is a :mod:`parlab.models` config or its name. The cluster is ``topology``, or
     a rail-optimized one of servers of ``gpus_per_server`` GPUs with ``nic_gbps`` NICs.
     Other keywords are :class:`Assumptions` (global_batch, seq, precision, optimizer,
-    gpu_tflops, mfu, schedule, microbatches). Every layout has ``dp``, ``tp``, ``pp``,
-    ``microbatches``, ``memory_per_gpu_bytes``, ``step_time_s``, ``placement()`` and
-    ``explain()``. An empty list means nothing fits: :func:`search` says why.
+    gpu_tflops, mfu, schedule, microbatches, zero). Each layout has its degrees, memory and
+    step time, ``placement()`` and ``explain()``; empty: nothing fits, :func:`search` says why.
     """
     return search(config, gpus, gpu_memory_gb, topology=topology, nic_gbps=nic_gbps,
                   gpus_per_server=gpus_per_server, **assumptions).ranked

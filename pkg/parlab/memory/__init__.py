@@ -5,8 +5,10 @@ for any precision, optimizer, data / tensor / pipeline split and ZeRO stage; the
 count that fits), ``states`` (the one formula for the model states per GPU, sharded by ZeRO
 stages 0 to 3 over the data-parallel ranks: :func:`model_state_bytes`, and the precision and
 optimizer tables it reads), ``measurement`` (a real training step, counted part by part, to
-check the estimate), ``energy`` (power, the electricity bill, and what a failure costs with
-and without checkpoints). Imports :mod:`parlab.models`.
+check the estimate), ``recompute`` (activation recomputation: its formulas, a tracker of the
+bytes alive at any moment, and a step measured with and without checkpointed layers),
+``energy`` (power, the electricity bill, and what a failure costs with and without
+checkpoints). Imports :mod:`parlab.models`.
 """
 
 from parlab.memory.states import (
@@ -17,6 +19,10 @@ from parlab.memory.calculator import (
     Plan
 )
 from parlab.memory.measurement import measure
+from parlab.memory.recompute import (
+    layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops, RecomputeFlops,
+    RecomputeResult, Trace
+)
 from parlab.memory.energy import (
     expected_waste, failure_cost, RunCost, training_cost, Waste, young_interval
 )
@@ -24,4 +30,6 @@ from parlab.memory.energy import (
 __all__ = ["PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Breakdown", "Plan",
            "ModelStates", "estimate", "min_gpus", "model_state_bytes", "activation_bytes",
            "activations_per_layer", "measure", "RunCost", "Waste", "training_cost",
-           "failure_cost", "expected_waste", "young_interval"]
+           "failure_cost", "expected_waste", "young_interval", "RECOMPUTE", "layer_activations",
+           "recompute_flops", "RecomputeFlops", "Trace", "live_bytes", "measure_recompute",
+           "RecomputeResult"]

@@ -36,6 +36,11 @@ Activations of one micro-batch of b sequences of length T, element size s (4 or 
   its input, each layer's output (ReLU, sigmoid and tanh save their output, which the next
   layer needs anyway) and the target of the loss.
 
+With ``recompute="full"`` or ``"selective"`` (activation checkpointing) each layer keeps less
+and one layer at a time rebuilds the rest during the backward pass: kept bytes x micro-batches
+in flight + one layer's rebuilt bytes (:func:`parlab.memory.layer_activations`, module
+``recompute``, the one home of those formulas).
+
 Not counted: temporary buffers that live only inside one operation (the gradient of the
 logits, matmul workspaces), data loaders, the CUDA context. ``measure`` on a GPU reports
 them as ``other``.
@@ -48,6 +53,7 @@ from dataclasses import dataclass, fields
 from numbers import Real
 from typing import NamedTuple
 
+from parlab.memory.recompute import check_recompute, layer_activations
 from parlab.memory.states import (
     check_optimizer, check_positive, check_precision, check_zero, model_state_bytes, Precision
 )
@@ -131,6 +137,7 @@ class Setup(NamedTuple):
     schedule: str
     capacity: int
     zero: int = 0
+    recompute: str | None = None
 
     @property
     def micro_batch(self) -> int:
@@ -155,7 +162,7 @@ def _capacity(gpu_memory_gb) -> int:
 
 
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-           gpu_memory_gb, zero=0) -> Setup:
+           gpu_memory_gb, zero=0, recompute=None) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones."""
     if isinstance(model, str):
         model = get_config(model)
@@ -167,6 +174,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     if not isinstance(schedule, str) or schedule not in ESTIMATED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(ESTIMATED_SCHEDULES)}")
     check_zero(zero)
+    check_recompute(recompute)
     capacity = _capacity(gpu_memory_gb)
     if isinstance(input_shape, (tuple, list)) and input_shape:
         shape = tuple(input_shape)
@@ -204,7 +212,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
         raise ValueError(f"tensor parallelism is modelled for transformer configs; "
                          f"use tp=1 for {model!r}")
     return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
-                 capacity, zero)
+                 capacity, zero, recompute)
 
 
 def _split(n: int, parts: int) -> list[int]:
@@ -230,34 +238,44 @@ def _stage_parameters(s: Setup, stage: int) -> int:
     return n
 
 
-def _micro(model, batch, seq, precision, tp=1, pp=1) -> Setup:
+def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None) -> Setup:
     """Validate the arguments of one micro-batch's activation count."""
     model = get_config(model) if isinstance(model, str) else model
     _positive("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, TransformerConfig) else (batch,)
-    return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80)
+    return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80, 0, recompute)
 
 
 def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", tp: int = 1,
-                     stage: int = 0, pp: int = 1) -> int:
+                     stage: int = 0, pp: int = 1, recompute: str | None = None) -> int:
     """Bytes autograd saves for one micro-batch of ``batch`` x ``seq`` on one pipeline stage.
 
-    The pipeline chapter multiplies this by the micro-batches a stage holds in flight.
+    The pipeline chapter multiplies this by the micro-batches a stage holds in flight. With
+    ``recompute`` (one of :data:`parlab.memory.RECOMPUTE`): the bytes the stage's layers keep
+    plus the one layer rebuilt during the backward pass.
     """
-    s = _micro(model, batch, seq, precision, tp, pp)
+    return sum(_stage_activations(model, batch, seq, precision, tp, stage, pp, recompute))
+
+
+def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute) -> tuple[int, int]:
+    """(kept, rebuilt): bytes one micro-batch keeps on ``stage`` until its backward pass, and
+    the most one of the stage's layers rebuilds at a time (0 without recompute)."""
+    s = _micro(model, batch, seq, precision, tp, pp, recompute)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
     per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp).values())
     counts = _split(len(per_layer) - 2, pp)  # the first and last entries are the two ends
     start = 1 + sum(counts[:stage])
-    total = sum(per_layer[start:start + counts[stage]])
+    layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute)
+              for n in per_layer[start:start + counts[stage]]]
+    total = sum(kept for kept, _ in layers)
     if stage == 0:
         total += per_layer[0]
     if stage == pp - 1:
         total += per_layer[-1]
     if isinstance(s.model, BookMLP) and stage > 0:  # the input this stage received
         total += batch * s.model.sizes[start - 1] * s.precision.bytes
-    return total
+    return total, max((rebuilt for _, rebuilt in layers), default=0)
 
 
 def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp32",
@@ -282,8 +300,9 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
     states = model_state_bytes(_stage_parameters(s, stage), s.optimizer, s.precision.name,
                                s.dp, s.zero)
-    acts = activation_bytes(s.model, s.micro_batch, s.seq, s.precision.name, s.tp, stage, s.pp)
-    return Breakdown(**states.parts(), activations=s.in_flight(stage) * acts,
+    kept, rebuilt = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name, s.tp,
+                                       stage, s.pp, s.recompute)
+    return Breakdown(**states.parts(), activations=s.in_flight(stage) * kept + rebuilt,
                      capacity=s.capacity, label=label)
 
 
@@ -292,13 +311,15 @@ def describe_setup(s: Setup, what: str) -> str:
     split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
     mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
     zero = f", ZeRO-{s.zero}" if s.zero else ""
+    zero += f", {s.recompute} recompute" if s.recompute else ""
     return (f"{what}: {name}, batch {s.batch}" + (f" x seq {s.seq}" if s.seq > 1 else "")
             + f", {s.precision.name}, {s.optimizer}{split}{zero}{mb}")
 
 
 def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32", dp: int = 1,
              tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
-             gpu_memory_gb: float = 80, zero: int = 0) -> Breakdown:
+             gpu_memory_gb: float = 80, zero: int = 0,
+             recompute: str | None = None) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``input_shape`` is the global batch: ``(batch, seq)`` for a transformer, ``(batch,)`` for
@@ -308,9 +329,10 @@ def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32
     flight, the last the output layer, and a middle stage never holds more than the first.
     ``zero`` (0 to 3) shards the model states of each GPU's parameters over the ``dp``
     replicas as :func:`parlab.memory.model_state_bytes` describes; activations are unchanged.
+    ``recompute`` (None, "full", "selective"): activation recomputation, module docstring.
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-               gpu_memory_gb, zero)
+               gpu_memory_gb, zero, recompute)
     stages = {0, pp - 1}
     label = describe_setup(s, "estimate per GPU")
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
@@ -318,19 +340,20 @@ def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32
 
 def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32",
              gpu_memory_gb: float = 80, microbatches: int = 1, schedule: str = "1f1b",
-             max_tp: int = 8, zero: int = 0) -> Plan:
+             max_tp: int = 8, zero: int = 0, recompute: str | None = None) -> Plan:
     """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
 
     Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
     GPUs), as in practice; pipeline stages may hold unequal numbers of layers.
     Plain data parallelism (``zero=0``) copies the whole model state, so it only helps by
     cutting the activations of each replica; with ZeRO (``zero`` 1 to 3) it also shards the
-    model states.
+    model states. ``recompute`` trades activations for compute (:func:`estimate`).
     """
     _positive("max_tp", max_tp)
     s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
-                      gpu_memory_gb, zero)
-    one = estimate(model, input_shape, optimizer, precision, gpu_memory_gb=gpu_memory_gb)
+                      gpu_memory_gb, zero, recompute)
+    one = estimate(model, input_shape, optimizer, precision, gpu_memory_gb=gpu_memory_gb,
+                   recompute=recompute)
     ideal = math.ceil(one.total / s.capacity)
     transformer = isinstance(s.model, TransformerConfig)
     layers = s.model.n_layers if transformer else len(s.model.layers)
@@ -344,7 +367,7 @@ def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32
                 if best is not None and dp * tp * pp >= best.gpus:
                     break
                 b = estimate(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
-                             schedule, gpu_memory_gb, zero)
+                             schedule, gpu_memory_gb, zero, recompute)
                 if b.fits:
                     best = Plan(dp * tp * pp, dp, tp, pp, b, ideal)
                     break

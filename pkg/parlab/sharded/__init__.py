@@ -4,7 +4,9 @@
 single-tensor collectives that move it), ``zero`` (ZeRO by hand: which rank keeps what and
 which collective runs when, for stages 0 to 3), ``runs`` (N real ranks against one process,
 step by step, with the model-state bytes each rank held and the toy backend's log),
-``fsdp`` (the same problem through ``torch.distributed.fsdp.fully_shard``). Imports
+``fsdp`` (the same problem through ``torch.distributed.fsdp.fully_shard``), ``scaling``
+(bytes, memory and time per GPU in closed form, up to thousands of GPUs), ``experiments``
+(every stage and FSDP2 on 2 and 4 logged ranks, with the three checks in one table). Imports
 :mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and :mod:`parlab.memory`.
 """
 
@@ -15,8 +17,11 @@ from parlab.sharded.runs import (
     train, train_rank
 )
 from parlab.sharded.fsdp import fsdp_rank, train_fsdp
+from parlab.sharded.experiments import stage_table, STATE_PARTS
+from parlab.sharded.scaling import GLOBAL_TOKENS, ZERO_COLLECTIVES, zero_bytes_per_rank, zero_scaling
 
 __all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "Zero", "check_stage",
            "check_optimizer", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
            "make_model", "make_batch", "local_batch", "layer_values", "train", "train_rank",
-           "reference", "train_fsdp", "fsdp_rank"]
+           "reference", "train_fsdp", "fsdp_rank", "ZERO_COLLECTIVES", "zero_bytes_per_rank",
+           "zero_scaling", "GLOBAL_TOKENS", "stage_table", "STATE_PARTS"]

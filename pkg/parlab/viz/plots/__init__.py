@@ -20,6 +20,9 @@ from parlab.viz.plots.tensor_parallel import (
 )
 from parlab.viz.plots.planner import cnn_figure, layouts_figure, placement_figure, traffic_3d_figure
 from parlab.viz.plots.traffic import bytes_per_rank_figure, steps_figure
+from parlab.viz.plots.sharded import (
+    zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
+)
 
 __all__ = ["show_collective", "figure_8_1_step", "figure_8_1", "memory_bars", "memory_split",
            "checkpoint_curve", "model_sizes_figure", "gpt3_split_figure", "figure_8_2",
@@ -28,4 +31,5 @@ __all__ = ["show_collective", "figure_8_1_step", "figure_8_1", "memory_bars", "m
            "local_qkv_figure", "qkv_sharding_figure", "book_attention_figure", "ffn_figure",
            "attention_bytes_figure", "strategy_figure", "memory_figure", "format_bytes",
            "layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure", "steps_figure",
-           "bytes_per_rank_figure"]
+           "bytes_per_rank_figure", "zero_memory_figure", "zero_traffic_figure",
+           "zero3_timeline_figure", "zero_scaling_figure"]

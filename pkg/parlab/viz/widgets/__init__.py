@@ -12,7 +12,8 @@ from parlab.viz.widgets.tensor_parallel import (
     attention_explorer, shard_memory_explorer, strategy_explorer
 )
 from parlab.viz.widgets.planner import planner_explorer
+from parlab.viz.widgets.sharded import zero_explorer
 
 __all__ = ["collective_explorer", "memory_explorer", "energy_explorer", "book_step_explorer",
            "scaling_explorer", "step_explorer", "compare_explorer", "strategy_explorer",
-           "attention_explorer", "shard_memory_explorer", "planner_explorer"]
+           "attention_explorer", "shard_memory_explorer", "planner_explorer", "zero_explorer"]

@@ -1,0 +1,59 @@
+"""Chapter 06's experiment: every ZeRO stage and FSDP2 on 2 and 4 logged ranks, in one table.
+
+Why a module of its own: the chapter asks three questions of the same runs (do they train
+exactly like one process? what does each rank hold? what does each rank send?), so one
+function runs each configuration once on the toy backend and returns a row per run with all
+three answers beside their independent references: :func:`~parlab.sharded.reference` for
+the parameters, :func:`parlab.memory.model_state_bytes` for the memory and
+:func:`~parlab.sharded.zero_bytes_per_rank` for the traffic.
+"""
+
+from __future__ import annotations
+
+from parlab.memory import model_state_bytes
+from parlab.sharded.fsdp import train_fsdp
+from parlab.sharded.runs import reference, ShardRun, ShardSpec, train
+from parlab.sharded.scaling import zero_bytes_per_rank
+
+__all__ = ["stage_table", "STATE_PARTS"]
+
+#: The model states a rank holds, in the order of a stacked bar.
+STATE_PARTS = ("parameters", "gradients", "optimizer_state")
+
+
+def _row(name: str, run: ShardRun, ref) -> dict:
+    spec, n, stage = run.spec, run.world_size, run.stage
+    held = run.state_bytes()
+    if any(h != held[0] for h in held):
+        raise AssertionError(f"{name} on {n} ranks: ranks hold different bytes: {held}")
+    formula = model_state_bytes(spec.parameters, spec.optimizer, "fp32", n, stage)
+    parameter_bytes = 4 * spec.parameters
+    return {"run": name, "ranks": n, "stage": stage,
+            "max difference": run.max_difference(ref),
+            **{part: held[0][part] for part in STATE_PARTS},
+            "held": sum(held[0].values()), "formula": formula.total,
+            "sent per step": run.bytes_sent_per_step(),
+            "closed form": zero_bytes_per_rank(parameter_bytes, n, stage)}
+
+
+def stage_table(world_sizes=(2, 4), spec: ShardSpec = ShardSpec(), *, fsdp: bool = True,
+                progress: bool = False):
+    """Run ZeRO stages 0-3 (and FSDP2) on each world size with the toy backend; one row each.
+
+    Columns: the run, ranks, stage; the largest difference from one process over all steps;
+    the bytes of parameters, gradients and optimizer state each rank held after the last
+    backward (equal on every rank, checked) and the formula's total; the bytes each rank sent
+    per step and the closed form. ``progress`` shows a tqdm bar.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    ref = reference(spec)
+    jobs = [(f"ZeRO-{stage}", n, stage) for n in world_sizes for stage in range(4)]
+    jobs += [("FSDP2", n, 3) for n in world_sizes] if fsdp else []
+    rows = []
+    for name, n, stage in tqdm(jobs, desc="runs", unit="run", disable=not progress):
+        run = (train_fsdp(n, spec, backend="toy") if name == "FSDP2"
+               else train(stage, n, spec, backend="toy"))
+        rows.append(_row(name, run, ref))
+    return pd.DataFrame(rows)

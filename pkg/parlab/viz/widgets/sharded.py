@@ -1,0 +1,58 @@
+"""Chapter 06 explorer: memory per GPU and bytes per step for any preset, GPU count and ZeRO stage."""
+
+from __future__ import annotations
+
+from parlab.comm import nic
+from parlab.memory import estimate
+from parlab.models import CONFIGS, compute_seconds, count_parameters
+from parlab.sharded import zero_bytes_per_rank
+from parlab.units import format_bytes
+from parlab.viz.explorer import Explorer, explore
+
+__all__ = ["draw_zero", "zero_explorer", "SEQ"]
+
+#: One sequence of this many tokens per GPU and step in the explorer.
+SEQ = 2048
+
+
+def draw_zero(model: str, gpus: int, stage: int, gpu_gb: float):
+    """Bars for stages 0-3 (the chosen one named in the title), and the chosen stage's traffic."""
+    from parlab.viz.plots.memory import memory_bars
+
+    config = CONFIGS[model]
+    seq = min(SEQ, config.context)
+    try:
+        bars = [estimate(config, (gpus, seq), "adam", "bf16", dp=gpus, zero=k,
+                         gpu_memory_gb=gpu_gb) for k in range(4)]
+    except ValueError as err:
+        print(f"This setting does not work: {err}")
+        return None
+    params = count_parameters(config)["total"]
+    sent = zero_bytes_per_rank(2 * params, gpus, stage)
+    chosen = bars[stage]
+    print(f"{model}: {params / 1e9:.3g} B parameters, bf16 + Adam, {gpus} GPUs, one sequence "
+          f"of {seq} tokens per GPU")
+    print(f"stage {stage}: {format_bytes(chosen.total)} per GPU "
+          f"({'fits' if chosen.fits else 'does not fit'} in {gpu_gb:g} GB); each GPU sends "
+          f"{format_bytes(sent)} per step, {sent / nic(400).bandwidth:.3g} s at 400 Gb/s, against "
+          f"{compute_seconds(params, seq):.3g} s of compute")
+    labels = [f"stage {k}" + (" (chosen)" if k == stage else "") for k in range(4)]
+    return memory_bars(labels, bars, f"{model} on {gpus} GPUs: model states and activations "
+                                     f"per GPU")
+
+
+def zero_explorer(model: str = "GPT-3 6.7B", gpus: int = 64, stage: int = 2,
+                  gpu_gb: float = 80) -> Explorer:
+    """Model, data-parallel GPUs, ZeRO stage and GPU size; memory per GPU for every stage."""
+    import ipywidgets as w
+
+    controls = {
+        "model": w.Dropdown(options=list(CONFIGS), value=model, description="model"),
+        "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=gpus,
+                           description="GPUs"),
+        "stage": w.Dropdown(options=[0, 1, 2, 3], value=stage, description="ZeRO stage"),
+        "gpu_gb": w.Dropdown(options=[16, 24, 40, 48, 80, 94, 141, 192], value=gpu_gb,
+                             description="GPU GB"),
+    }
+    return explore(draw_zero, controls, "ZeRO explorer (model, data-parallel GPUs, ZeRO stage, "
+                   "GPU size)")
