@@ -340,9 +340,10 @@ for stage in range(4):
 #
 # ## 10. Explore
 #
-# Any preset, any number of data-parallel GPUs, any stage: bars for the four stages per
-# GPU (model states and activations, one 2048-token sequence per GPU), and what the chosen
-# stage sends per step.
+# Any preset, any number of data-parallel GPUs, any stage, with or without recomputation:
+# bars for the four stages per GPU (model states and activations, one 2048-token sequence
+# per GPU), and what the chosen stage sends per step against the compute it has to hide
+# behind (recomputation included).
 
 # %%
 from parlab.viz.widgets import zero_explorer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from parlab.comm import nic
-from parlab.memory import estimate
+from parlab.memory import estimate, recompute_flops
 from parlab.models import CONFIGS, compute_seconds, count_parameters
 from parlab.sharded import zero_bytes_per_rank
 from parlab.units import format_bytes
@@ -15,15 +15,19 @@ __all__ = ["draw_zero", "zero_explorer", "SEQ"]
 SEQ = 2048
 
 
-def draw_zero(model: str, gpus: int, stage: int, gpu_gb: float):
-    """Bars for stages 0-3 (the chosen one named in the title), and the chosen stage's traffic."""
+def draw_zero(model: str, gpus: int, stage: int, recompute: str, gpu_gb: float):
+    """Bars for stages 0-3 (the chosen one marked), and the chosen stage's traffic and compute.
+
+    ``recompute`` is "none", "selective" or "full" (activation recomputation, chapter 06).
+    """
     from parlab.viz.plots.memory import memory_bars
 
     config = CONFIGS[model]
     seq = min(SEQ, config.context)
+    again = None if recompute == "none" else recompute
     try:
         bars = [estimate(config, (gpus, seq), "adam", "bf16", dp=gpus, zero=k,
-                         gpu_memory_gb=gpu_gb) for k in range(4)]
+                         gpu_memory_gb=gpu_gb, recompute=again) for k in range(4)]
     except ValueError as err:
         print(f"This setting does not work: {err}")
         return None
@@ -32,18 +36,19 @@ def draw_zero(model: str, gpus: int, stage: int, gpu_gb: float):
     chosen = bars[stage]
     print(f"{model}: {params / 1e9:.3g} B parameters, bf16 + Adam, {gpus} GPUs, one sequence "
           f"of {seq} tokens per GPU")
-    print(f"stage {stage}: {format_bytes(chosen.total)} per GPU "
+    compute = compute_seconds(params, seq) * (1 + recompute_flops(config, seq, again).fraction)
+    print(f"stage {stage}, recompute {recompute}: {format_bytes(chosen.total)} per GPU "
           f"({'fits' if chosen.fits else 'does not fit'} in {gpu_gb:g} GB); each GPU sends "
           f"{format_bytes(sent)} per step, {sent / nic(400).bandwidth:.3g} s at 400 Gb/s, against "
-          f"{compute_seconds(params, seq):.3g} s of compute")
+          f"{compute:.3g} s of compute")
     labels = [f"stage {k}" + (" (chosen)" if k == stage else "") for k in range(4)]
     return memory_bars(labels, bars, f"{model} on {gpus} GPUs: model states and activations "
                                      f"per GPU")
 
 
 def zero_explorer(model: str = "GPT-3 6.7B", gpus: int = 64, stage: int = 2,
-                  gpu_gb: float = 80) -> Explorer:
-    """Model, data-parallel GPUs, ZeRO stage and GPU size; memory per GPU for every stage."""
+                  recompute: str = "none", gpu_gb: float = 80) -> Explorer:
+    """Model, data-parallel GPUs, ZeRO stage, recomputation and GPU size; memory per GPU."""
     import ipywidgets as w
 
     controls = {
@@ -51,8 +56,10 @@ def zero_explorer(model: str = "GPT-3 6.7B", gpus: int = 64, stage: int = 2,
         "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=gpus,
                            description="GPUs"),
         "stage": w.Dropdown(options=[0, 1, 2, 3], value=stage, description="ZeRO stage"),
+        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
+                                description="recompute"),
         "gpu_gb": w.Dropdown(options=[16, 24, 40, 48, 80, 94, 141, 192], value=gpu_gb,
                              description="GPU GB"),
     }
     return explore(draw_zero, controls, "ZeRO explorer (model, data-parallel GPUs, ZeRO stage, "
-                   "GPU size)")
+                   "recomputation, GPU size)")
