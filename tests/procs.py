@@ -27,3 +27,25 @@ def read_pids(directory):
     """The pids that ranks wrote as pid.<rank> files into ``directory``."""
     return [int(open(os.path.join(directory, f)).read()) for f in os.listdir(directory)
             if f.startswith("pid.")]
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of the call)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: The variables of a launcher (torchrun) that a test must control itself.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                      "PARLAB_RANK")
+
+
+def clean_env(**extra):
+    """This process's environment without any launcher variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env

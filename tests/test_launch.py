@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from procs import read_pids, wait_gone
+from procs import free_port, read_pids, wait_gone
 from parlab import launch
 from parlab.launch import RankError, RankTimeoutError, run
 
@@ -191,11 +191,15 @@ def test_under_torchrun_joins_the_existing_job(tmp_path):
         if __name__ == "__main__":
             print(run(where, 1, backend="gloo"))
     """))
+    # what torchrun gives a worker (torch 2.13's LocalElasticAgent); the parent (this test)
+    # does not have them, so they were given, not inherited: a worker
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+               GROUP_RANK="0", TORCHELASTIC_RUN_ID="simulated",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
+    assert "not started by torchrun" not in out.stderr  # it joined, it did not launch locally
     assert out.stdout.strip().splitlines()[-1] == "[(0, 1, 'gloo')]"
 
 

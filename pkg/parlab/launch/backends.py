@@ -7,24 +7,27 @@ starts, so a typo costs a ValueError that names the bad value, never a hang.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["MAX_WORLD_SIZE", "DEFAULT_TIMEOUT", "default_backend", "rank_device", "environment",
-           "under_torchrun", "check_arguments",
-           "backend_usable"]
+from parlab.launch.torchrun import under_torchrun
+
+__all__ = ["MAX_WORLD_SIZE", "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "MAX_THREADS", "default_backend",
+           "rank_device", "environment", "check_arguments", "backend_usable"]
 
 #: More local ranks than this is not a lesson any more but a stress test of the machine.
 MAX_WORLD_SIZE = 64
 #: Seconds a launch may take, and the process-group timeout of every collective in it.
 DEFAULT_TIMEOUT = 60.0
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "PARLAB_RANK" not in os.environ
+#: The longest timeout (one week): more is surely a typo, and overflows the waits below.
+MAX_TIMEOUT = 7 * 24 * 3600.0
+#: The most torch threads a rank may ask for.
+MAX_THREADS = 1024
 
 
 def default_backend(world_size: int) -> str:
@@ -68,7 +71,11 @@ def backend_usable(name: str) -> bool:
     return name.upper() in dist.Backend.backend_list or name in dist.Backend.backend_list
 
 
-def check_arguments(fn, world_size, backend, timeout, check_local_gpus=True) -> str:
+def check_arguments(fn, world_size, backend, timeout, threads=None, check_local_gpus=True) -> str:
+    """Raise ValueError, naming the argument and what is valid, for anything that cannot work.
+
+    Returns the backend to use (lower case; the default one when ``backend`` is None).
+    """
     if not callable(fn):
         raise ValueError(f"fn must be a callable (a function run on every rank), got {fn!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int):
@@ -81,8 +88,14 @@ def check_arguments(fn, world_size, backend, timeout, check_local_gpus=True) -> 
             f"machine (1 to {MAX_WORLD_SIZE}); for more ranks start the script with torchrun "
             f"across machines (see README)"
         )
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+            or not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT):
+        raise ValueError(f"timeout must be a positive number of seconds, more than 0 and at most "
+                         f"{MAX_TIMEOUT:.0f} (one week), got {timeout!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise ValueError(f"threads must be None (share the CPU cores among the ranks) or an int "
+                         f"from 1 to {MAX_THREADS} (torch threads per rank), got {threads!r}")
     backend = backend or default_backend(world_size)
     if not isinstance(backend, str):
         raise ValueError(f"backend must be a name such as 'gloo', 'nccl' or 'toy', got {backend!r}")

@@ -7,63 +7,31 @@ first launch), must never hang the notebook (a rank's exception comes back withi
 as :class:`RankError`; a hang ends at ``timeout``), must print each rank's output in rank
 order (so stored notebook outputs are deterministic), and must leave no process behind.
 
-Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set by the launcher) the same call runs
-``fn`` in the job that torchrun already started, so an example scales to many machines with
-NCCL without a code change.
+Under ``torchrun`` (a worker that torchrun started, not a shell with stale ``RANK`` and
+``WORLD_SIZE``: see :mod:`parlab.launch.torchrun`) the same call runs ``fn`` in the job
+that torchrun already started, so an example scales to many machines with NCCL without a
+code change.
 """
 
 from __future__ import annotations
 
-import importlib
-import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
-import shutil
 import signal
-import tempfile
 import time
 from typing import Any, Callable
 
 import cloudpickle
 
-from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_backend, under_torchrun
+from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_backend
 from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import rank_main
 from parlab.launch.record import LaunchRecord, remember
-from parlab.launch.torchrun import run_under_torchrun
+from parlab.launch.server import RankProcess, context
+from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
+from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
 
-__all__ = ["run", "preload"]
-
-_forkserver_ready = False
-_preload = ["parlab", "parlab.launch"]
-
-
-def preload(*modules: str) -> bool:
-    """Have the rank-starting forkserver import ``modules`` once, before the first launch.
-
-    Ranks are forked from a server that already imported torch and parlab. A chapter whose
-    ranks use a heavy module (``torch.distributed.tensor``, ``torch.distributed.pipelining``)
-    calls this first, so each launch does not import it again in every rank (seconds per
-    launch on a small machine). Returns False when the server is already running: the
-    modules are then imported by each rank as usual, which is slower but still correct.
-    """
-    for name in modules:
-        importlib.import_module(name)  # a typo fails here, not inside every rank
-    if _forkserver_ready:
-        return False
-    _preload.extend(m for m in modules if m not in _preload)
-    return True
-
-
-def _context():
-    """The forkserver context, preloading torch and parlab once per Python process."""
-    global _forkserver_ready
-    ctx = mp.get_context("forkserver")
-    if not _forkserver_ready:
-        ctx.set_forkserver_preload(list(_preload))
-        _forkserver_ready = True
-    return ctx
-
+__all__ = ["run"]
 
 
 def run(fn: Callable, world_size: int, *args, backend: str | None = None,
@@ -75,56 +43,66 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
 
     - ``backend``: None picks ``"nccl"`` with one GPU per rank when there are enough GPUs,
       else ``"gloo"`` on the CPU; any registered backend by name (``"toy"`` logs traffic).
-    - ``timeout``: seconds for the whole launch, also the process-group timeout.
+    - ``timeout``: seconds the ranks may take once started, also the process-group timeout
+      (more than 0, at most a week). Not counted: the wait for the forkserver to start them.
     - ``threads``: torch threads per rank (default: the CPU cores shared among the ranks).
+
+    Works from a notebook, a script (with or without ``if __name__ == "__main__":``),
+    ``python -c`` and ``python - <<EOF``: ``fn`` travels to the ranks by value.
 
     Raises :class:`RankError` (with the rank and its traceback) when a rank raises or dies,
     :class:`RankTimeoutError` when ranks are still running at the timeout, and
-    ``ValueError`` for arguments that cannot work. Each rank's printed output is shown as
-    ``[rank r] ...`` in rank order after the ranks finish.
+    ``ValueError`` for arguments that cannot work (before any rank starts). Each rank's
+    printed output is shown as ``[rank r] ...`` in rank order after the ranks finish.
     """
     if "PARLAB_RANK" in os.environ:
         raise RuntimeError("parlab.launch.run was called inside a rank; call it from the notebook")
     if under_torchrun():
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
         backend = check_arguments(fn, world_size, backend or default_backend(local), timeout,
-                                   check_local_gpus=False)
-        return run_under_torchrun(fn, world_size, backend, args, kwargs)
-    backend = check_arguments(fn, world_size, backend, timeout)
+                                  threads, check_local_gpus=False)
+        return run_under_torchrun(fn, world_size, backend, float(timeout), args, kwargs)
+    backend = check_arguments(fn, world_size, backend, timeout, threads)
+    try:
+        payload = cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+        raise ValueError(f"fn and its arguments travel to the ranks by pickling (cloudpickle), "
+                         f"and this one cannot be pickled: {type(exc).__name__}: {exc}") from exc
+    warn_stale_environment(world_size)
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
-    return _run_local(fn, world_size, backend, float(timeout), threads, args, kwargs)
+    return _run_local(payload, world_size, backend, float(timeout), threads)
 
 
-def _run_local(fn, world_size, backend, timeout, threads, args, kwargs):
+def _run_local(payload, world_size, backend, timeout, threads):
     started = time.monotonic()
-    ctx = _context()
-    payload = cloudpickle.dumps((fn, args, kwargs))
-    workdir = tempfile.mkdtemp(prefix="parlab-")
+    ctx = context()
+    workdir = make_workdir()
     alive_recv, alive_send = ctx.Pipe(duplex=False)
     procs, conns = [], []
     outputs: list[str] = []
     try:
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
+            proc = RankProcess(
                 target=rank_main, name=f"parlab-rank-{rank}", daemon=True,
                 args=(rank, world_size, backend, os.path.join(workdir, "store"), timeout, threads,
                       payload, send, alive_recv, os.path.join(workdir, f"rank{rank}.out")),
             )
-            proc.start()
+            proc.start()  # the first start of a process waits for the forkserver to import torch
             send.close()
             procs.append(proc)
             conns.append(recv)
-        results, extras = _collect(procs, conns, started + timeout, timeout, workdir)
+        # the clock starts when every rank runs: waiting for the forkserver is not their time
+        results, extras = _collect(procs, conns, time.monotonic() + timeout, timeout, workdir)
     finally:
         _stop(procs)
         alive_send.close()
         alive_recv.close()
         for conn in conns:
             conn.close()
-        outputs = _read_outputs(workdir, world_size)
-        shutil.rmtree(workdir, ignore_errors=True)
+        outputs = read_outputs(workdir, world_size)
+        remove_workdir(workdir)
         _print_outputs(outputs)
     remember(LaunchRecord(world_size, backend, time.monotonic() - started, outputs, extras))
     return results
@@ -189,7 +167,7 @@ def _collect(procs, conns, deadline, timeout, workdir):
             + ". A rank waiting for a collective that another rank never calls hangs: check "
             "that every rank makes the same collective calls in the same order; if the work "
             "is just slow, pass a larger timeout=.",
-            pending=ranks, outputs=_read_outputs(workdir, world_size),
+            pending=ranks, outputs=read_outputs(workdir, world_size),
         )
     return results, extras
 
@@ -202,46 +180,62 @@ def _raise_failure(failures, world_size, workdir):
             return 0
         return 2 if any(w in str(text).lower() for w in _PEER_WORDS) else 1
     kind, rank, exc_type, text, tb = min(failures, key=badness)  # stable: earliest among equals
-    outputs = _read_outputs(workdir, world_size)
+    outputs = read_outputs(workdir, world_size)
     others = sorted({f[1] for f in failures} - {rank})
     also = f"\n(rank(s) {others} failed after it, as a consequence)" if others else ""
     if kind == "died":
-        how = (f"was killed by signal {-text}" if text is not None and text < 0
-               else f"exited with code {text}" if text is not None else "exited")
-        raise RankError(f"rank {rank} {how} before returning a result{also}. Its last output:\n"
-                        + _tail(outputs[rank]), rank=rank, outputs=outputs)
+        raise RankError(f"rank {rank} {_how_it_ended(text)} before returning a result{also}. "
+                        f"Its last output (stdout and stderr):\n"
+                        + _last_words(outputs[rank], workdir, rank), rank=rank, outputs=outputs)
     raise RankError(
         f"rank {rank} raised {exc_type}: {text}{also}\n\n--- traceback of rank {rank} ---\n{tb}",
         rank=rank, exc_type=exc_type, rank_traceback=tb, outputs=outputs,
     )
 
 
+def _how_it_ended(code) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def _last_words(output: str, workdir: str, rank: int) -> str:
+    if output.strip():
+        return _tail(output)
+    if os.path.exists(os.path.join(workdir, f"rank{rank}.out")):
+        return "(no output: it printed nothing before it ended)"
+    return ("(no output: it ended while starting, before it could capture its output; whatever "
+            "it wrote went to this process's stderr: the terminal, or the Jupyter server's log)")
+
+
 def _stop(procs) -> None:
-    """Kill every rank that is still alive (its whole process group), and reap it."""
+    """Kill every rank's whole process group (whatever it started too), and reap the rank.
+
+    A rank that ends normally kills its own group on the way out; a rank that died
+    (``os._exit``, a signal) or is still running is killed here, group and all, so nothing
+    it started outlives the launch. (A pid is not reused while a process group of that
+    number still has members, so this reaches only the group the rank made.)
+    """
     for proc in procs:
-        if proc.pid is None or proc.exitcode is not None:
+        if proc.pid is None:
             continue
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            try:
-                proc.kill()
-            except (ProcessLookupError, ValueError, AttributeError):
-                pass
+            if proc.exitcode is None:
+                try:
+                    proc.kill()
+                except (ProcessLookupError, ValueError, AttributeError):
+                    pass
     for proc in procs:
         if proc.pid is not None:
             proc.join(5)
-
-
-def _read_outputs(workdir, world_size) -> list[str]:
-    outputs = []
-    for rank in range(world_size):
-        try:
-            with open(os.path.join(workdir, f"rank{rank}.out"), errors="replace") as f:
-                outputs.append(f.read())
-        except OSError:
-            outputs.append("")
-    return outputs
 
 
 def _print_outputs(outputs) -> None:
@@ -251,5 +245,5 @@ def _print_outputs(outputs) -> None:
 
 
 def _tail(text: str, lines: int = 20) -> str:
-    return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+    return "\n".join(text.splitlines()[-lines:])
 

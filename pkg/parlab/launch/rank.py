@@ -2,8 +2,9 @@
 
 A rank joins the process group through a file store, runs ``fn``, sends its result (or its
 exception and traceback) down a pipe, and exits. It watches a second pipe so that it dies
-with its caller, and it makes its own process group so the caller can kill whatever it
-started.
+with its caller, and it leads its own process group: when it ends it takes with it
+whatever it started (a ``subprocess.Popen`` left running), and the caller can kill the
+whole group of a rank that hangs or dies.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,13 +28,26 @@ __all__ = ["rank_main"]
 
 _LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
+#: A launcher's variables that a stale shell may carry into a rank (torchrun's, mostly).
+_FOREIGN = ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+            "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
+
+
+def _end_group(code: int) -> None:
+    """Exit, killing everything this rank started (its process group, itself included)."""
+    try:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(code)
+
+
 def _watch_parent(alive_conn) -> None:
     """Exit this rank as soon as the caller closes its end of the liveness pipe (or dies)."""
     try:
         alive_conn.recv_bytes()
     except (EOFError, OSError):
         pass
-    os._exit(70)
+    _end_group(70)
 
 
 def _redirect_output(out_path: str) -> None:
@@ -50,6 +65,8 @@ def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload
     os.setpgrp()  # our own process group, so the caller can kill anything this rank started
     threading.Thread(target=_watch_parent, args=(alive_conn,), daemon=True).start()
     _redirect_output(out_path)
+    for name in [n for n in os.environ if n in _FOREIGN or n.startswith("TORCHELASTIC_")]:
+        del os.environ[name]
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size), PARLAB_RANK=str(rank),
@@ -88,5 +105,5 @@ def _finish(result_conn, message: bytes, stay: bool) -> None:
         # A failed rank waits to be stopped: if it exited now, its peers would fail with
         # "connection closed" and could reach the caller before the real cause.
         time.sleep(3600)
-    os._exit(0)
+    _end_group(0)
 
