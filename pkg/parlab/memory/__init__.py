@@ -2,26 +2,29 @@
 
 ``calculator`` (parameters, gradients, optimizer state, master weights and activations per GPU,
 for any precision, optimizer, data / tensor / pipeline split and ZeRO stage; the smallest GPU
-count that fits), ``states`` (the one formula for the model states per GPU, sharded by ZeRO
-stages 0 to 3 over the data-parallel ranks: :func:`model_state_bytes`, and the precision and
-optimizer tables it reads), ``measurement`` (a real training step, counted part by part, to
-check the estimate), ``recompute`` (activation recomputation: its formulas, a tracker of the
-bytes alive at any moment, and a step measured with and without checkpointed layers),
-``energy`` (power, the electricity bill, and what a failure costs with and without
-checkpoints). Imports :mod:`parlab.models`.
+count that fits), ``breakdown`` (what an estimate or a measurement returns), ``modules`` and
+``tracing`` (the estimate for any ``torch.nn.Module``: one training step traced with fake
+tensors, nothing allocated, so a 7B model built on the meta device takes seconds),
+``states`` (the one formula for the model states per GPU, sharded by ZeRO stages 0 to 3 over
+the data-parallel ranks: :func:`model_state_bytes`, and the precision and optimizer tables it
+reads), ``measurement`` (a real training step, counted part by part, to check the estimate),
+``recompute`` (activation recomputation: its formulas, a tracker of the bytes alive at any
+moment, and a step measured with and without checkpointed layers), ``energy`` (power, the
+electricity bill, and what a failure costs with and without checkpoints).
+Imports :mod:`parlab.models`.
 """
 
 from parlab.memory.states import (
     model_state_bytes, ModelStates, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 )
-from parlab.memory.calculator import (
-    ESTIMATED_SCHEDULES, activation_bytes, activations_per_layer, Breakdown, estimate, min_gpus,
-    Plan
-)
+from parlab.memory.breakdown import Breakdown, ESTIMATED_SCHEDULES, Plan
+from parlab.memory.tracing import default_loss, module_children, ModuleTrace, trace_module
+from parlab.memory.modules import stage_ranges
+from parlab.memory.calculator import activation_bytes, activations_per_layer, estimate, min_gpus
 from parlab.memory.measurement import measure
 from parlab.memory.recompute import (
-    layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops, RecomputeFlops,
-    RecomputeResult, Trace
+    full_recompute, layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops,
+    RecomputeFlops, RecomputeResult, Trace
 )
 from parlab.memory.energy import (
     expected_waste, failure_cost, RunCost, training_cost, Waste, young_interval
@@ -32,4 +35,5 @@ __all__ = ["PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Br
            "activations_per_layer", "measure", "RunCost", "Waste", "training_cost",
            "failure_cost", "expected_waste", "young_interval", "RECOMPUTE", "layer_activations",
            "recompute_flops", "RecomputeFlops", "Trace", "live_bytes", "measure_recompute",
-           "RecomputeResult"]
+           "RecomputeResult", "full_recompute", "default_loss", "module_children",
+           "ModuleTrace", "trace_module", "stage_ranges"]

@@ -41,6 +41,11 @@ and one layer at a time rebuilds the rest during the backward pass: kept bytes x
 in flight + one layer's rebuilt bytes (:func:`parlab.memory.layer_activations`, module
 ``recompute``, the one home of those formulas).
 
+Any other ``torch.nn.Module`` has no formula: :func:`estimate` traces one training step of it
+with fake tensors (modules ``tracing`` and ``modules``: nothing is allocated, a model on the
+meta device works) and counts what autograd saved, with the same parts, precisions,
+optimizers, ZeRO stages, data and pipeline splits and full recompute (not tensor parallelism).
+
 Not counted: temporary buffers that live only inside one operation (the gradient of the
 logits, matmul workspaces), data loaders, the CUDA context. ``measure`` on a GPU reports
 them as ``other``.
@@ -49,133 +54,53 @@ them as ``other``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from numbers import Real
-from typing import NamedTuple
 
+from torch import nn
+
+from parlab.memory.breakdown import (
+    Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
+)
+from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
 from parlab.memory.states import (
-    check_optimizer, check_positive, check_precision, check_zero, model_state_bytes, Precision
+    check_optimizer, check_positive, check_precision, check_zero, model_state_bytes
 )
 from parlab.models import BookMLP, get_config, TransformerConfig
-from parlab.units import GB, format_bytes
 
 __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
            "activation_bytes", "activations_per_layer", "resolve_setup", "describe_setup"]
 
-#: micro-batches whose activations the first pipeline stage holds at once: GPipe all m, 1F1B p
-ESTIMATED_SCHEDULES = ("1f1b", "gpipe")
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """Bytes per part of what one GPU holds while training; ``total`` adds them up."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    master_weights: int
-    activations: int
-    other: int = 0          # measured on a GPU only: the transient rest of the peak
-    capacity: int = 80 * GB
-    label: str = ""
-
-    @property
-    def total(self) -> int:
-        return sum(self.parts().values())
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
-
-    def parts(self) -> dict[str, int]:
-        """Part name -> bytes, in the order of a stacked bar."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("capacity", "label")}
-
-    def table(self) -> str:
-        """A fixed-width table: each part, its size and its share, the total and the capacity."""
-        total = self.total or 1
-        lines = [self.label] if self.label else []
-        lines += [f"{name.replace('_', ' '):<16} {format_bytes(n):>10} {100 * n / total:5.1f} %"
-                  for name, n in self.parts().items() if n or name != "other"]
-        verdict = "fits" if self.fits else f"does not fit ({self.total / self.capacity:.3g}x)"
-        lines += [f"{'total':<16} {format_bytes(self.total):>10}",
-                  f"{'GPU capacity':<16} {format_bytes(self.capacity):>10}  {verdict}"]
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.table()
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The fewest GPUs found for a job: the split and what the busiest GPU then holds."""
-
-    gpus: int
-    dp: int
-    tp: int
-    pp: int
-    breakdown: Breakdown
-    ideal: int  # ceil(everything on one GPU / capacity): a lower bound no split can beat
-
-    def __str__(self) -> str:
-        return (f"at least {self.gpus} GPUs (data {self.dp} x tensor {self.tp} x pipeline "
-                f"{self.pp}); a perfect even split would need {self.ideal}")
-
-
-class Setup(NamedTuple):
-    model: TransformerConfig | BookMLP
-    batch: int
-    seq: int
-    precision: Precision
-    optimizer: str
-    dp: int
-    tp: int
-    pp: int
-    microbatches: int
-    schedule: str
-    capacity: int
-    zero: int = 0
-    recompute: str | None = None
-
-    @property
-    def micro_batch(self) -> int:
-        return self.batch // (self.dp * self.microbatches)
-
-    def in_flight(self, stage: int) -> int:
-        if self.schedule == "gpipe":
-            return self.microbatches
-        return min(self.pp - stage, self.microbatches)
-
-
 _positive = check_positive
 
 
-def _capacity(gpu_memory_gb) -> int:
-    """Bytes of a GPU of ``gpu_memory_gb`` GB: a positive, finite number (not a string)."""
-    if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, Real) \
-            or not math.isfinite(gpu_memory_gb) or not gpu_memory_gb > 0:
-        raise ValueError(f"gpu_memory_gb must be positive: a finite number of GB such as 80, "
-                         f"got {gpu_memory_gb!r}")
-    return int(gpu_memory_gb * GB)
-
-
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-           gpu_memory_gb, zero=0, recompute=None) -> Setup:
-    """Check every argument once, with an error that names the bad value and the valid ones."""
+                  gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
+                  split_points=None) -> Setup:
+    """Check every argument once, with an error that names the bad value and the valid ones.
+
+    A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`; the last
+    three keywords are for modules only.
+    """
     if isinstance(model, str):
         model = get_config(model)
-    if not isinstance(model, (TransformerConfig, BookMLP)):
-        raise TypeError(f"model must be a TransformerConfig, a config name or a BookMLP, "
-                        f"got {type(model).__name__}")
+    if not isinstance(model, (TransformerConfig, BookMLP, nn.Module)):
+        raise TypeError(f"model must be a TransformerConfig, a config name or a BookMLP, or any "
+                        f"torch.nn.Module, got {type(model).__name__}")
     precision = check_precision(precision)
     optimizer = check_optimizer(optimizer)
-    if not isinstance(schedule, str) or schedule not in ESTIMATED_SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(ESTIMATED_SCHEDULES)}")
+    check_schedule(schedule)
     check_zero(zero)
     check_recompute(recompute)
-    capacity = _capacity(gpu_memory_gb)
+    capacity = check_capacity(gpu_memory_gb)
+    if isinstance(model, nn.Module):
+        return module_setup(model, input_shape, example_input, precision, optimizer, dp, tp, pp,
+                            microbatches, schedule, capacity, zero, recompute, loss_fn,
+                            split_points)
+    extra = [k for k, v in (("example_input", example_input), ("loss_fn", loss_fn),
+                            ("split_points", split_points)) if v is not None]
+    if extra:
+        raise ValueError(f"{', '.join(extra)}: for a torch.nn.Module only; a config or a BookMLP "
+                         f"takes input_shape")
     if isinstance(input_shape, (tuple, list)) and input_shape:
         shape = tuple(input_shape)
     elif isinstance(input_shape, int) and not isinstance(input_shape, bool):
@@ -306,35 +231,36 @@ def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
                      capacity=s.capacity, label=label)
 
 
-def describe_setup(s: Setup, what: str) -> str:
-    name = s.model.name if isinstance(s.model, TransformerConfig) else repr(s.model)
-    split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
-    mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
-    zero = f", ZeRO-{s.zero}" if s.zero else ""
-    zero += f", {s.recompute} recompute" if s.recompute else ""
-    return (f"{what}: {name}, batch {s.batch}" + (f" x seq {s.seq}" if s.seq > 1 else "")
-            + f", {s.precision.name}, {s.optimizer}{split}{zero}{mb}")
-
-
-def estimate(model, input_shape, optimizer: str = "adam", precision: str = "fp32", dp: int = 1,
-             tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
-             gpu_memory_gb: float = 80, zero: int = 0,
-             recompute: str | None = None) -> Breakdown:
+def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
+             dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
+             schedule: str = "1f1b", gpu_memory_gb: float = 80, zero: int = 0,
+             recompute: str | None = None, *, example_input=None, loss_fn=None,
+             split_points=None) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
+    ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
+    :class:`~parlab.models.BookMLP`, or any ``torch.nn.Module``, whose training step is traced
+    with fake tensors (no memory allocated, a module on the meta device works):
+    :func:`parlab.memory.modules.estimate_module` describes how, and what ``example_input``,
+    ``loss_fn`` and ``split_points`` mean.
+
     ``input_shape`` is the global batch: ``(batch, seq)`` for a transformer, ``(batch,)`` for
-    an MLP. Each of the ``dp`` replicas takes batch/dp, cut into ``microbatches``; layers are
-    spread over ``pp`` stages and each layer's matrices over ``tp`` GPUs. Only the first and
-    the last stage are evaluated: the first holds the embeddings and the most micro-batches in
+    an MLP, the shape of a float input for a module. Each of the ``dp`` replicas takes
+    batch/dp, cut into ``microbatches``; layers are spread over ``pp`` stages and each layer's
+    matrices over ``tp`` GPUs (transformer configs only). For a config only the first and the
+    last stage are evaluated: the first holds the embeddings and the most micro-batches in
     flight, the last the output layer, and a middle stage never holds more than the first.
     ``zero`` (0 to 3) shards the model states of each GPU's parameters over the ``dp``
     replicas as :func:`parlab.memory.model_state_bytes` describes; activations are unchanged.
     ``recompute`` (None, "full", "selective"): activation recomputation, module docstring.
     """
-    s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-               gpu_memory_gb, zero, recompute)
-    stages = {0, pp - 1}
+    s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
+                      schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
+                      loss_fn=loss_fn, split_points=split_points)
     label = describe_setup(s, "estimate per GPU")
+    if isinstance(s.model, nn.Module):
+        return estimate_module(s, label)
+    stages = {0, pp - 1}
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
 
 
@@ -352,6 +278,10 @@ def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32
     _positive("max_tp", max_tp)
     s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
                       gpu_memory_gb, zero, recompute)
+    if isinstance(s.model, nn.Module):
+        raise TypeError("min_gpus searches the splits of a TransformerConfig or a BookMLP; for "
+                        "a torch.nn.Module call estimate(model, ..., dp=, pp=) for the splits "
+                        "you consider")
     one = estimate(model, input_shape, optimizer, precision, gpu_memory_gb=gpu_memory_gb,
                    recompute=recompute)
     ideal = math.ceil(one.total / s.capacity)

@@ -40,7 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from parlab.models import BookMLP, count_parameters, get_config, training_flops, TransformerConfig
 
-__all__ = ["RECOMPUTE", "check_recompute", "layer_activations", "recompute_flops",
+__all__ = ["RECOMPUTE", "check_recompute", "layer_activations", "full_recompute", "recompute_flops",
            "RecomputeFlops", "Trace", "live_bytes", "measure_recompute", "RecomputeResult"]
 
 #: None keeps every activation; "full" keeps each layer's input and recomputes the layer;
@@ -83,10 +83,19 @@ def layer_activations(model: TransformerConfig | BookMLP, layer_bytes: int, batc
     if isinstance(model, BookMLP):
         return layer_bytes, layer_bytes
     if recompute == "full":
-        x = batch * seq * model.d_model * element_bytes
-        return x, layer_bytes - x
+        return full_recompute(layer_bytes, batch * seq * model.d_model * element_bytes)
     scores = element_bytes * batch * model.n_heads * seq * seq // tp + seq * seq
     return layer_bytes - scores, scores
+
+
+def full_recompute(layer_bytes: int, input_bytes: int,
+                   saved_input_bytes: int | None = None) -> tuple[int, int]:
+    """(kept, rebuilt) of one layer under full recompute: it keeps only its input,
+    ``input_bytes``, and its recomputation rebuilds what it saved except that input:
+    ``layer_bytes - saved_input_bytes`` (``saved_input_bytes``, the part of its input among its
+    saved tensors, defaults to all of it: a layer whose first op saves its input)."""
+    saved_input_bytes = input_bytes if saved_input_bytes is None else saved_input_bytes
+    return input_bytes, layer_bytes - saved_input_bytes
 
 
 class RecomputeFlops(NamedTuple):

@@ -1,7 +1,10 @@
 """The models the chapters take apart: transformer configurations, the book-named MLP, a small CNN.
 
 ``transformer`` (GPT-2/GPT-3 configurations, their parameter counts, and a real decoder built
-from the same numbers), ``book_mlp`` (the MLP whose training step keeps the book's names: W,
+from the same numbers), ``llama`` (the same for a Llama-style decoder: RoPE, grouped-query
+attention, SwiGLU, RMSNorm), ``hf`` (Hugging Face ``config.json`` files and published presets,
+and ``get_config``, ``count_parameters`` and ``build_model``, which take a config of either
+family or its name), ``book_mlp`` (the MLP whose training step keeps the book's names: W,
 z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and parameters live),
 ``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares). Imports
 nothing else of parlab.
@@ -9,8 +12,12 @@ nothing else of parlab.
 
 from parlab.models.transformer import (
     CONFIGS, GPT, GPT2_LARGE, GPT2_MEDIUM, GPT2_SMALL, GPT2_XL, GPT3_13B, GPT3_175B, GPT3_2_7B,
-    GPT3_6_7B, GPT3_LARGE, GPT3_MEDIUM, GPT3_SMALL, GPT3_XL, MLP, TINY, build_model,
-    count_parameters, get_config, TransformerConfig
+    GPT3_6_7B, GPT3_LARGE, GPT3_MEDIUM, GPT3_SMALL, GPT3_XL, MLP, TINY, TransformerConfig
+)
+from parlab.models.llama import Llama, LlamaConfig, RMSNorm
+from parlab.models.hf import (
+    build_model, count_parameters, from_hf_config, get_config, HF_CONFIGS, HF_PRESETS,
+    SUPPORTED_MODEL_TYPES
 )
 from parlab.models.book_mlp import (
     ACTIVATIONS, BOOK_NAMES, book_table, BookMLP, held_bytes, LayerRecord, MemoryRow, tensor_bytes
@@ -25,7 +32,9 @@ from parlab.models.compute import (
 __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
            "get_config", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_SMALL",
            "GPT3_MEDIUM", "GPT3_LARGE", "GPT3_XL", "GPT3_2_7B", "GPT3_6_7B", "GPT3_13B",
-           "GPT3_175B", "TINY", "BookMLP", "LayerRecord", "MemoryRow", "ACTIVATIONS", "BOOK_NAMES",
-           "book_table", "held_bytes", "tensor_bytes", "SmallCNN", "LayerProfile", "profile",
-           "share_by_kind", "communication_per_layer", "H100_BF16_TFLOPS", "MFU",
-           "FLOPS_PER_PARAMETER_TOKEN", "training_flops", "compute_seconds"]
+           "GPT3_175B", "TINY", "LlamaConfig", "Llama", "RMSNorm", "from_hf_config", "HF_PRESETS",
+           "HF_CONFIGS", "SUPPORTED_MODEL_TYPES", "BookMLP", "LayerRecord", "MemoryRow",
+           "ACTIVATIONS", "BOOK_NAMES", "book_table", "held_bytes", "tensor_bytes", "SmallCNN",
+           "LayerProfile", "profile", "share_by_kind", "communication_per_layer",
+           "H100_BF16_TFLOPS", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
+           "compute_seconds"]

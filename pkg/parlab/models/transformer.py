@@ -2,9 +2,11 @@
 
 Why this module exists: the chapter says one GPT-3 block already holds about 605 M
 attention parameters and 1.2 B feed-forward parameters, and that 96 blocks make about 173 B.
-Here those numbers are *computed* from a configuration (``count_parameters``), and the same
-configuration builds a real PyTorch decoder (``build_model``) whose ``parameters()`` add up to
-exactly the same total, so the formula and the module cannot drift apart.
+Here those numbers are *computed* from a configuration (``count_gpt_parameters``), and the
+same configuration builds a real PyTorch decoder (``build_gpt``) whose ``parameters()`` add up
+to exactly the same total, so the formula and the module cannot drift apart. The package's
+``count_parameters``, ``build_model`` and ``get_config`` (:mod:`parlab.models.hf`) take a
+config of any family, or its name, and hand a GPT's to these two.
 
 The decoder is GPT-2 style, kept deliberately plain so that the tensor- and pipeline-parallel
 chapters can take it apart by name::
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS", "get_config",
+__all__ = ["TransformerConfig", "count_gpt_parameters", "build_gpt", "GPT", "MLP", "CONFIGS",
            "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_SMALL", "GPT3_MEDIUM",
            "GPT3_LARGE", "GPT3_XL", "GPT3_2_7B", "GPT3_6_7B", "GPT3_13B", "GPT3_175B", "TINY"]
 
@@ -103,17 +105,8 @@ CONFIGS = {c.name: c for c in (TINY, GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_X
                                GPT3_175B)}
 
 
-def get_config(name: str | TransformerConfig) -> TransformerConfig:
-    """A config by name (as in :data:`CONFIGS`), or the config itself."""
-    if isinstance(name, TransformerConfig):
-        return name
-    if name not in CONFIGS:
-        raise ValueError(f"unknown model {name!r}; known: {list(CONFIGS)}")
-    return CONFIGS[name]
-
-
-def count_parameters(config: TransformerConfig | str) -> dict[str, int]:
-    """Parameters of ``build_model(config)``, part by part, from the config alone.
+def count_gpt_parameters(config: TransformerConfig) -> dict[str, int]:
+    """Parameters of ``build_gpt(config)``, part by part, from the config alone.
 
     Per block: ``attention`` = Q, K, V and output projections (4 d^2 weights + 4 d biases);
     ``feed_forward`` = fc1 and fc2 (2 d d_ff weights + d_ff + d biases); ``layer_norms`` =
@@ -122,7 +115,7 @@ def count_parameters(config: TransformerConfig | str) -> dict[str, int]:
     (2 d) and ``lm_head`` (0 when tied to the token embedding, else vocab d). ``total`` is all
     of it; ``tensors`` is how many parameter tensors the model has.
     """
-    c = get_config(config)
+    c = config
     d, f = c.d_model, c.d_ff
     attention = 4 * d * d + 4 * d
     feed_forward = 2 * d * f + f + d
@@ -225,10 +218,9 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def build_model(config: TransformerConfig | str, seed: int | None = 0,
-                dtype: torch.dtype = torch.float32, device="cpu") -> GPT:
+def build_gpt(config: TransformerConfig, seed: int | None = 0,
+              dtype: torch.dtype = torch.float32, device="cpu") -> GPT:
     """A real, randomly initialised :class:`GPT` for ``config`` (seeded for reproducibility)."""
-    config = get_config(config)
     if seed is not None:
         torch.manual_seed(seed)
     return GPT(config).to(device=device, dtype=dtype)

@@ -1,0 +1,152 @@
+"""What an estimate or a measurement returns, and the checked description of the job it is for.
+
+Why this module exists: :mod:`parlab.memory.calculator` (the formulas for transformer configs
+and MLPs), :mod:`parlab.memory.modules` (any ``torch.nn.Module``, traced) and
+:mod:`parlab.memory.measurement` (a real step) all return a :class:`Breakdown` for a
+:class:`Setup`; the three share these definitions from one module below them, so none of them
+imports another in a circle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from numbers import Real
+from typing import Any, Callable, NamedTuple
+
+from parlab.memory.states import Precision
+from parlab.units import GB, format_bytes
+
+__all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "check_capacity",
+           "check_schedule", "describe_setup"]
+
+#: micro-batches whose activations the first pipeline stage holds at once: GPipe all m, 1F1B p
+ESTIMATED_SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes per part of what one GPU holds while training; ``total`` adds them up."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    activations: int
+    other: int = 0          # measured on a GPU only: the transient rest of the peak
+    capacity: int = 80 * GB
+    label: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts().values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def parts(self) -> dict[str, int]:
+        """Part name -> bytes, in the order of a stacked bar."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("capacity", "label")}
+
+    def table(self) -> str:
+        """A fixed-width table: each part, its size and its share, the total and the capacity."""
+        total = self.total or 1
+        lines = [self.label] if self.label else []
+        lines += [f"{name.replace('_', ' '):<16} {format_bytes(n):>10} {100 * n / total:5.1f} %"
+                  for name, n in self.parts().items() if n or name != "other"]
+        verdict = "fits" if self.fits else f"does not fit ({self.total / self.capacity:.3g}x)"
+        lines += [f"{'total':<16} {format_bytes(self.total):>10}",
+                  f"{'GPU capacity':<16} {format_bytes(self.capacity):>10}  {verdict}"]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The fewest GPUs found for a job: the split and what the busiest GPU then holds."""
+
+    gpus: int
+    dp: int
+    tp: int
+    pp: int
+    breakdown: Breakdown
+    ideal: int  # ceil(everything on one GPU / capacity): a lower bound no split can beat
+
+    def __str__(self) -> str:
+        return (f"at least {self.gpus} GPUs (data {self.dp} x tensor {self.tp} x pipeline "
+                f"{self.pp}); a perfect even split would need {self.ideal}")
+
+
+class Setup(NamedTuple):
+    """One checked job. ``model`` is a TransformerConfig, a BookMLP or a torch.nn.Module; for a
+    module, ``seq`` is 1, ``inputs`` the global batch's inputs (:mod:`parlab.memory.modules`),
+    ``loss_fn`` the loss (None: the default) and ``split_points`` the pipeline's cuts."""
+
+    model: Any
+    batch: int
+    seq: int
+    precision: Precision
+    optimizer: str
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int
+    schedule: str
+    capacity: int
+    zero: int = 0
+    recompute: str | None = None
+    inputs: tuple = ()
+    loss_fn: Callable | None = None
+    split_points: tuple[int, ...] | None = None
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch // (self.dp * self.microbatches)
+
+    def in_flight(self, stage: int) -> int:
+        if self.schedule == "gpipe":
+            return self.microbatches
+        return min(self.pp - stage, self.microbatches)
+
+
+def check_capacity(gpu_memory_gb) -> int:
+    """Bytes of a GPU of ``gpu_memory_gb`` GB: a positive, finite number (not a string)."""
+    if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, Real) \
+            or not math.isfinite(gpu_memory_gb) or not gpu_memory_gb > 0:
+        raise ValueError(f"gpu_memory_gb must be positive: a finite number of GB such as 80, "
+                         f"got {gpu_memory_gb!r}")
+    return int(gpu_memory_gb * GB)
+
+
+def check_schedule(schedule) -> str:
+    """``schedule`` if it is one of :data:`ESTIMATED_SCHEDULES`, else a ValueError."""
+    if not isinstance(schedule, str) or schedule not in ESTIMATED_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of "
+                         f"{list(ESTIMATED_SCHEDULES)}")
+    return schedule
+
+
+def _model_name(s: Setup) -> str:
+    name = getattr(s.model, "name", None)
+    if isinstance(name, str):  # a TransformerConfig
+        return name
+    if s.inputs:  # a torch.nn.Module: its class, parameters and input shapes
+        n = sum(p.numel() for p in s.model.parameters())
+        shapes = ", ".join(str(tuple(i.shape)) for i in s.inputs)
+        return f"{type(s.model).__name__} ({n:,} parameters), input {shapes}"
+    return repr(s.model)
+
+
+def describe_setup(s: Setup, what: str) -> str:
+    """One line naming the model, batch, precision, optimizer and split of ``s``."""
+    split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
+    mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
+    zero = f", ZeRO-{s.zero}" if s.zero else ""
+    zero += f", {s.recompute} recompute" if s.recompute else ""
+    batch = "" if s.inputs else f", batch {s.batch}" + (f" x seq {s.seq}" if s.seq > 1 else "")
+    return (f"{what}: {_model_name(s)}{batch}, {s.precision.name}, {s.optimizer}{split}{zero}"
+            f"{mb}")

@@ -1,0 +1,194 @@
+"""Hugging Face ``config.json`` files, published presets, and the functions that take any config.
+
+Why this module exists: a model on the Hugging Face Hub is described by a ``config.json``;
+:func:`from_hf_config` reads one (a dict, or the path of the file) and returns our config for
+it, so the memory and parallelism arithmetic of the chapters can run on the models people
+actually train. ``model_type`` picks the family:
+
+- ``"gpt2"``: a :class:`~parlab.models.transformer.TransformerConfig` (n_embd, n_layer,
+  n_head, n_inner or 4 n_embd, vocab_size, n_positions, tie_word_embeddings, default True);
+- ``"llama"`` and ``"mistral"`` (the same shape): a :class:`~parlab.models.llama.LlamaConfig`
+  (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads or the number of
+  heads, intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings (default
+  False), rope_theta, rms_norm_eps, attention_bias, mlp_bias).
+
+Fields that change no parameter are not kept: ``rope_scaling`` (Llama 3.1+), Mistral's
+``sliding_window`` (the built model attends to the whole context), dropout, token ids.
+
+:data:`HF_PRESETS` holds the published ``config.json`` of a few models (the fields that shape
+the model); :data:`HF_CONFIGS` is them parsed. :func:`get_config` finds a name in
+:data:`~parlab.models.transformer.CONFIGS` or in :data:`HF_CONFIGS`, and
+:func:`count_parameters` and :func:`build_model` take a config of either family (or its name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from parlab.models.llama import LlamaConfig, build_llama, count_llama_parameters
+from parlab.models.transformer import CONFIGS, TransformerConfig, build_gpt, count_gpt_parameters
+
+__all__ = ["from_hf_config", "HF_PRESETS", "HF_CONFIGS", "get_config", "count_parameters",
+           "build_model", "SUPPORTED_MODEL_TYPES"]
+
+#: The published config.json of a few models (huggingface.co/<repo>/blob/main/config.json),
+#: the fields that shape the model; parsed in :data:`HF_CONFIGS`.
+HF_PRESETS: dict[str, dict] = {
+    "gpt2": {  # openai-community/gpt2: GPT-2 small, 124 M
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768,
+        "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257},
+    "Llama-2-7B": {  # meta-llama/Llama-2-7b-hf
+        "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False,
+        "torch_dtype": "float16", "vocab_size": 32000},
+    "Llama-3-8B": {  # meta-llama/Meta-Llama-3-8B
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+        "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 8192,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "vocab_size": 128256},
+    "Llama-3.2-1B": {  # meta-llama/Llama-3.2-1B
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
+        "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "vocab_size": 128256},
+    "Mistral-7B": {  # mistralai/Mistral-7B-v0.1
+        "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000},
+}
+
+
+def _gpt2(cfg: dict, name: str, need, opt) -> TransformerConfig:
+    d = need("n_embd")
+    return TransformerConfig(name, d, need("n_layer"), need("n_head"), opt("n_inner", 4 * d),
+                             need("vocab_size"), need("n_positions"),
+                             opt("tie_word_embeddings", True))
+
+
+def _llama(cfg: dict, name: str, need, opt) -> LlamaConfig:
+    if opt("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={cfg['hidden_act']!r}: the MLP built here is SwiGLU "
+                         f"(silu)")
+    heads = need("num_attention_heads")
+    config = LlamaConfig(
+        name, need("hidden_size"), need("num_hidden_layers"), heads,
+        opt("num_key_value_heads", heads), need("intermediate_size"), need("vocab_size"),
+        need("max_position_embeddings"), opt("tie_word_embeddings", False),
+        opt("rope_theta", 10000.0), opt("rms_norm_eps", 1e-6), opt("attention_bias", False),
+        opt("mlp_bias", False))
+    head_dim = opt("head_dim", config.d_head)
+    if head_dim != config.d_head:
+        raise ValueError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads "
+                         f"= {config.d_head}; only head_dim = hidden_size / heads is supported")
+    return config
+
+
+_PARSERS = {"gpt2": _gpt2, "llama": _llama, "mistral": _llama}
+#: The ``model_type`` values :func:`from_hf_config` reads.
+SUPPORTED_MODEL_TYPES = tuple(_PARSERS)
+
+
+def _read(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no Hugging Face config at {str(path)!r} (expected a "
+                                f"config.json file; the published presets are in HF_PRESETS: "
+                                f"{list(HF_PRESETS)})")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not a JSON config: {err}") from err
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(cfg).__name__}, not an object")
+    return cfg
+
+
+def from_hf_config(config: dict | str | os.PathLike,
+                   name: str | None = None) -> TransformerConfig | LlamaConfig:
+    """Our config for a Hugging Face ``config.json``: the dict itself, or its path (or folder).
+
+    ``name`` defaults to the config's ``_name_or_path``, else its ``model_type``. An unknown
+    ``model_type``, a missing field, or a bad value is a ValueError that names it.
+    """
+    cfg = config if isinstance(config, dict) else _read(config)
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or model_type not in _PARSERS:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: "
+                         f"{list(SUPPORTED_MODEL_TYPES)}")
+    name = name or cfg.get("_name_or_path") or model_type
+
+    def need(field):
+        if cfg.get(field) is None:
+            raise ValueError(f"{model_type} config {name!r} is missing the required field "
+                             f"{field!r}")
+        return cfg[field]
+
+    def opt(field, default):  # absent or null: Hugging Face's default
+        return default if cfg.get(field) is None else cfg[field]
+
+    try:
+        return _PARSERS[model_type](cfg, name, need, opt)
+    except ValueError as err:
+        if str(err).startswith(f"{model_type} config"):
+            raise
+        raise ValueError(f"{model_type} config {name!r}: {err}") from err
+
+
+#: :data:`HF_PRESETS` parsed, by the same names; kept apart from ``CONFIGS`` (GPTs only).
+HF_CONFIGS: dict[str, TransformerConfig | LlamaConfig] = {
+    n: from_hf_config(cfg, name=n) for n, cfg in HF_PRESETS.items()}
+
+
+def get_config(name: str | TransformerConfig | LlamaConfig) -> TransformerConfig | LlamaConfig:
+    """A config by name (as in ``CONFIGS`` or :data:`HF_CONFIGS`), or the config itself."""
+    if isinstance(name, (TransformerConfig, LlamaConfig)):
+        return name
+    for known in (CONFIGS, HF_CONFIGS):
+        if name in known:
+            return known[name]
+    raise ValueError(f"unknown model {name!r}; known: {list(CONFIGS) + list(HF_CONFIGS)}")
+
+
+def count_parameters(config: TransformerConfig | LlamaConfig | str) -> dict[str, int]:
+    """Parameters of ``build_model(config)``, part by part, from the config alone.
+
+    The same keys for every family: ``attention``, ``feed_forward``, ``layer_norms``,
+    ``block``, ``blocks``, ``token_embedding``, ``position_embedding``, ``final_norm``,
+    ``lm_head``, ``total``, ``tensors`` (see ``count_gpt_parameters`` and
+    ``count_llama_parameters`` for what each holds).
+    """
+    config = get_config(config)
+    if isinstance(config, LlamaConfig):
+        return count_llama_parameters(config)
+    return count_gpt_parameters(config)
+
+
+def build_model(config: TransformerConfig | LlamaConfig | str, seed: int | None = 0,
+                dtype: torch.dtype = torch.float32, device="cpu") -> nn.Module:
+    """A real, randomly initialised model for ``config``: a ``GPT`` or a ``Llama``.
+
+    Both have ``.blocks`` (an ``nn.ModuleList``), ``.lm_head`` and ``.loss(ids, targets)``.
+    """
+    config = get_config(config)
+    if isinstance(config, LlamaConfig):
+        return build_llama(config, seed=seed, dtype=dtype, device=device)
+    return build_gpt(config, seed=seed, dtype=dtype, device=device)
