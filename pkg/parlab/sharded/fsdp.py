@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parlab.comm import run_with_traffic
-from parlab.launch import rank_device, run
-from parlab.sharded.runs import local_batch, make_model, RankResult, ShardRun, ShardSpec
+from parlab.launch import rank_device
+from parlab.sharded.runs import (
+    launch_spec, local_batch, make_model, RankResult, ShardRun, ShardSpec
+)
 from parlab.sharded.zero import make_optimizer
 
 __all__ = ["train_fsdp", "fsdp_rank"]
@@ -82,17 +83,7 @@ def train_fsdp(world_size: int, spec: ShardSpec = ShardSpec(), *, backend: str |
     carries each step's layers rebuilt from the ranks' chunks (``ShardRun.rebuilt``):
     :meth:`ShardRun.parameters` and :meth:`ShardRun.max_difference` then work unchanged.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if spec.samples % world_size:
-        raise ValueError(f"spec.samples={spec.samples} does not split evenly over world_size="
-                         f"{world_size} ranks; use a multiple of {world_size} samples")
-    options = {} if timeout is None else {"timeout": timeout}
-    log = None
-    if backend == "toy":
-        results, log = run_with_traffic(fsdp_rank, world_size, spec, **options)
-    else:
-        results = run(fsdp_rank, world_size, spec, backend=backend, **options)
+    results, log = launch_spec(fsdp_rank, world_size, spec, backend=backend, timeout=timeout)
     rebuilt = [[torch.cat([torch.cat([r.slices[step][i][j] for r in results]).reshape(-1)
                            for j in range(len(results[0].slices[step][i]))])
                 for i in range(len(results[0].slices[step]))]

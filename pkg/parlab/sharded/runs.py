@@ -23,7 +23,7 @@ from parlab.launch import rank_device, run
 from parlab.sharded.zero import check_optimizer, check_stage, make_optimizer, Zero
 
 __all__ = ["ShardSpec", "RankResult", "ShardRun", "make_model", "make_batch", "local_batch",
-           "layer_values", "train", "train_rank", "reference"]
+           "layer_values", "train", "train_rank", "reference", "launch_spec"]
 
 
 @dataclass(frozen=True)
@@ -189,10 +189,12 @@ class ShardRun:
         return pd.DataFrame(rows)
 
 
-def train(stage: int, world_size: int, spec: ShardSpec = ShardSpec(), *,
-          backend: str | None = None, timeout: float | None = None) -> ShardRun:
-    """ZeRO ``stage`` on ``world_size`` real ranks; ``backend="toy"`` also logs every byte."""
-    check_stage(stage)
+def launch_spec(rank_fn, world_size: int, spec: ShardSpec, *args, backend: str | None = None,
+                timeout: float | None = None) -> tuple[list, TrafficLog | None]:
+    """Check ``world_size`` against ``spec``, then run ``rank_fn(spec, *args)`` on every rank.
+
+    Returns the ranks' results and, with ``backend="toy"``, the merged traffic log.
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if spec.samples % world_size:
@@ -200,7 +202,14 @@ def train(stage: int, world_size: int, spec: ShardSpec = ShardSpec(), *,
                          f"{world_size} ranks; use a multiple of {world_size} samples")
     options = {} if timeout is None else {"timeout": timeout}
     if backend == "toy":
-        results, log = run_with_traffic(train_rank, world_size, spec, stage, **options)
-        return ShardRun(stage, world_size, spec, results, log)
-    results = run(train_rank, world_size, spec, stage, backend=backend, **options)
-    return ShardRun(stage, world_size, spec, results)
+        return run_with_traffic(rank_fn, world_size, spec, *args, **options)
+    return run(rank_fn, world_size, spec, *args, backend=backend, **options), None
+
+
+def train(stage: int, world_size: int, spec: ShardSpec = ShardSpec(), *,
+          backend: str | None = None, timeout: float | None = None) -> ShardRun:
+    """ZeRO ``stage`` on ``world_size`` real ranks; ``backend="toy"`` also logs every byte."""
+    check_stage(stage)
+    results, log = launch_spec(train_rank, world_size, spec, stage, backend=backend,
+                               timeout=timeout)
+    return ShardRun(stage, world_size, spec, results, log)
