@@ -287,24 +287,38 @@ tiny = get_config("tiny")
 g = torch.Generator().manual_seed(0)
 tokens, targets = (torch.randint(0, tiny.vocab, (4, 16), generator=g) for _ in range(2))
 model = build_model(tiny, seed=0)
-runs = {r: measure_recompute(model, tokens, targets, recompute=r) for r in (None, "full")}
+runs = {r: measure_recompute(model, tokens, targets, recompute=r)
+        for r in (None, "selective", "full")}
 for r, m in runs.items():
     held = m.activations + m.input_bytes + m.recomputed   # what the estimate counts
     predicted = estimate(tiny, (4, 16), "sgd", recompute=r).activations
-    print(f"recompute={str(r):4s}: kept {m.activations:>7,} B + token ids {m.input_bytes:,} B "
+    print(f"recompute={str(r):9s}: kept {m.activations:>7,} B + token ids {m.input_bytes:,} B "
           f"+ one block rebuilt {m.recomputed:>7,} B = {held:>7,} B (estimate {predicted:>7,}"
           f" B); peak {m.peak:>7,} B; FLOPs {m.flops:>10,}")
-same = all(torch.equal(runs[None].grads[k], runs["full"].grads[k]) for k in runs[None].grads)
-print(f"gradients identical: {same}; FLOPs ratio {runs['full'].flops / runs[None].flops:.3f}; "
+same = all(torch.equal(runs[None].grads[k], runs[r].grads[k])
+           for k in runs[None].grads for r in ("selective", "full"))
+b, t, d = 4, 16, tiny.d_model
+print(f"gradients identical: {same}; full: FLOPs ratio {runs['full'].flops / runs[None].flops:.3f}, "
       f"extra FLOPs = the blocks' forward FLOPs: "
       f"{runs['full'].flops - runs[None].flops == runs[None].layer_forward_flops}")
+print(f"selective: extra FLOPs {runs['selective'].flops - runs[None].flops:,} = "
+      f"QK^T and PV again, 4·b·T²·d per block: {4 * b * t * t * d * tiny.n_layers:,}")
 
 # %% [markdown]
-# With recomputation each block keeps only its input; during backward one block at a time
-# is rebuilt, so the peak falls by less than the kept activations do. The FLOPs grow by
+# With full recomputation each block keeps only its input; during backward one block at a
+# time is rebuilt, so the peak falls by less than the kept activations do. The FLOPs grow by
 # exactly the blocks' forward work; the ratio is a little under 4/3 because the output layer
-# is not recomputed. Chapter 01's calculator, given `recompute=`, predicts the bytes to
+# is not recomputed. Chapter 01's calculator, given `recompute=`, predicts those bytes to
 # within the 4-byte loss scalar, which is alive but never saved for backward.
+#
+# *Selective* recomputation re-runs only each block's attention core, softmax(QK^T/√d)·V:
+# its extra FLOPs are exactly the two matrix products again. Here, at 16 tokens, it saves
+# little, because the probabilities it drops (b·h·T² per block) are small next to the rest;
+# they grow with the square of the sequence. For selective, the estimate and the
+# measurement printed above differ: the checkpoint keeps the core's inputs Q, K and V alive
+# as they came out of the projections, and the rebuilt core holds more than the
+# probabilities alone. The formula counts only the probabilities and the mask as dropped and
+# rebuilt, which is why its selective number comes out below the measurement.
 #
 # At scale the effect is large. GPT-3 6.7B, one sequence of 2048 tokens, bf16: activations
 # per GPU with no recomputation, with *selective* recomputation (Korthikanti et al., 2022:

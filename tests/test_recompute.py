@@ -189,8 +189,6 @@ def test_selective_recompute_drops_the_attention_probabilities():
     scores = B * TINY.n_heads * T * T * F32 + T * T   # probabilities and the causal mask
     # every block drops them; one block at a time rebuilds them
     assert selective == plain - (TINY.n_layers - 1) * scores
-    with pytest.raises(NotImplementedError, match="estimated only"):
-        memory.measure_recompute(build_model(TINY), *_tokens(), recompute="selective")
 
 
 def test_a_7b_model_keeps_far_less_with_full_recompute():
@@ -247,3 +245,22 @@ def test_bad_recompute_values_are_refused(bad):
     for call in calls:
         with pytest.raises(ValueError, match=r"\[None, 'full', 'selective'\]"):
             call()
+
+
+def test_selective_recompute_measured_reruns_only_the_attention_core():
+    model = build_model(TINY, seed=0)
+    x, t = _tokens()
+    plain = memory.measure_recompute(model, x, t)
+    selective = memory.measure_recompute(model, x, t, recompute="selective")
+    full = memory.measure_recompute(model, x, t, recompute="full")
+    # QK^T and PV again: 2 matmuls of 2·b·h·T²·d_head FLOPs each, per block
+    assert selective.flops - plain.flops == 4 * B * T * T * TINY.d_model * TINY.n_layers
+    assert full.activations < selective.activations < plain.activations
+    for name, grad in plain.grads.items():
+        torch.testing.assert_close(selective.grads[name], grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_selective_recompute_needs_an_attention_core():
+    with pytest.raises(ValueError, match="attention core"):
+        memory.measure_recompute(torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.ones(2, 4),
+                                 recompute="selective")

@@ -17,9 +17,8 @@ This module is the one home of the recompute formulas (:func:`layer_activations`
 ``saved_tensors_hooks`` see nothing (the checkpoint packs the saved tensors with its own hooks
 and drops them), yet the layers' inputs stay alive, so only the storages themselves tell.
 
-Selective recompute is estimated only: :class:`parlab.models.GPT` writes the attention core
-inline in ``Attention.forward``, so there is no function to checkpoint without editing the
-model (it would need e.g. an ``Attention.core(q, k, v)`` method).
+Selective recompute checkpoints :class:`parlab.models.GPT`'s ``Attention.core(q, k, v)``,
+the softmax(QK^T / sqrt(d)) V of every head, and nothing else.
 """
 
 from __future__ import annotations
@@ -295,14 +294,16 @@ def measure_recompute(model: nn.Module, example_input, target=None, *, recompute
     :class:`Trace`, then FLOPs under ``FlopCounterMode``: the counter's module tracker hooks
     every module's outputs and so keeps a layer's recomputed tensors alive until the backward
     pass ends, which would inflate the peak. The model's gradients are left as they were; the
-    new ones are in the result. ``"selective"`` is estimated only (module docstring).
+    new ones are in the result. ``"selective"`` checkpoints only each layer's attention core,
+    ``layer.attn.core(q, k, v)`` (our GPT's), and counts the layers' FLOPs as without.
     """
     check_recompute(recompute)
-    if recompute == "selective":
-        raise NotImplementedError("selective recompute is estimated only: the model has no "
-                                  "separate attention-core function to checkpoint (see "
-                                  "parlab.memory.recompute); use recompute=None or 'full'")
     layers, loss_fn = _layers(model), loss_fn or _default_loss
+    if recompute == "selective" and not all(hasattr(getattr(l, "attn", None), "core")
+                                            for l in layers):
+        raise ValueError("selective recompute checkpoints each layer's attention core, "
+                         "layer.attn.core(q, k, v) as in parlab.models.GPT; these layers have "
+                         "none: use recompute=None or 'full'")
     params = dict(model.named_parameters())
     old_grads = {name: p.grad for name, p in params.items()}
     inputs = {_storage_key(t): _storage(t).nbytes() for t in (example_input, target)
@@ -311,6 +312,9 @@ def measure_recompute(model: nn.Module, example_input, target=None, *, recompute
     def step(trace=None, counter=None) -> tuple[torch.Tensor, dict, dict]:
         state = {"forward": True, "layer_flops": 0, "recomputed": 0}
         saved = [_wrap(layer, recompute, state, trace, counter) for layer in layers]
+        if recompute == "selective":
+            saved += [_wrap(layer.attn, "full", state, trace, None, attr="core")
+                      for layer in layers]
         try:
             for p in params.values():
                 p.grad = None
@@ -322,8 +326,10 @@ def measure_recompute(model: nn.Module, example_input, target=None, *, recompute
                 loss.backward()
             return loss, {name: p.grad for name, p in params.items()}, state
         finally:
-            for layer, forward in zip(layers, saved):
-                _unwrap(layer, forward)
+            owners = layers + ([layer.attn for layer in layers] if recompute == "selective"
+                               else [])
+            for owner, forward in zip(owners, saved):
+                _unwrap(owner, forward, "core" if owner not in layers else "forward")
             for name, p in params.items():
                 p.grad = old_grads[name]
 
@@ -340,11 +346,12 @@ _MISSING = object()
 
 
 def _wrap(layer: nn.Module, recompute, state: dict, trace: Trace | None,
-          counter: FlopCounterMode | None):
-    """Make ``layer`` count its forward FLOPs and, for "full", run under a checkpoint whose
-    recomputations are measured; returns what :func:`_unwrap` needs to undo it."""
-    previous = layer.__dict__.get("forward", _MISSING)
-    forward = layer.forward
+          counter: FlopCounterMode | None, attr: str = "forward"):
+    """Make ``layer.<attr>`` count its forward FLOPs (with a ``counter``) and, for "full",
+    run under a checkpoint whose recomputations are measured; returns what :func:`_unwrap`
+    needs to undo it. Selective recompute wraps ``layer.attn`` with ``attr="core"``."""
+    previous = layer.__dict__.get(attr, _MISSING)
+    forward = getattr(layer, attr)
 
     def run(*args, **kwargs):
         if not state["forward"] or counter is None:  # a recomputation, or no counter
@@ -371,12 +378,12 @@ def _wrap(layer: nn.Module, recompute, state: dict, trace: Trace | None,
     def checkpointed(*args, **kwargs):
         return checkpoint(run, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
-    layer.forward = checkpointed if recompute == "full" else run
+    setattr(layer, attr, checkpointed if recompute == "full" else run)
     return previous
 
 
-def _unwrap(layer: nn.Module, previous) -> None:
+def _unwrap(layer: nn.Module, previous, attr: str = "forward") -> None:
     if previous is _MISSING:
-        layer.__dict__.pop("forward", None)
+        layer.__dict__.pop(attr, None)
     else:
-        layer.forward = previous
+        setattr(layer, attr, previous)

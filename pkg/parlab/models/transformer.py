@@ -154,11 +154,16 @@ class Attention(nn.Module):
         h = self.n_heads
         q, k, v = (proj(x).view(b, t, h, d // h).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // h)
-        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        weights = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-        out = (weights @ v).transpose(1, 2).contiguous().view(b, t, d)
+        out = self.core(q, k, v).transpose(1, 2).contiguous().view(b, t, d)
         return self.out_proj(out)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(d_head), causal) V per head: the part that stores b·h·T²
+        probabilities, and the one that selective recomputation re-runs."""
+        t, d_head = q.shape[-2], q.shape[-1]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d_head)
+        future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        return F.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
 
 
 class MLP(nn.Module):
