@@ -293,6 +293,89 @@ for optimizer, precision in (("sgd", "fp32"), ("adam", "fp32"), ("adam", "bf16")
 # pooling, a Llama-style block, an LSTM and a GRU, in fp32 and bf16, with SGD and Adam.
 
 # %% [markdown]
+# ### Our count beside the textbook formula
+#
+# The formula most often quoted for the activations of one transformer layer comes from
+# Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer Models",
+# section 4.1): s·b·h·(34 + 5·a·s/h) bytes, for b sequences of s tokens, hidden size h and
+# a attention heads, with 2-byte activations and 1-byte dropout masks. It is built the way
+# ours is: for each operation, whatever its backward pass will need. `memory.compare_block`
+# sets the two side by side, term by term, for one block; here one block of GPT-3 175B with
+# one sequence of 2048 tokens in bf16.
+
+# %%
+from parlab.units import format_bytes
+
+table = memory.compare_block(GPT3_175B, batch=1, seq=2048, precision="bf16")
+print(table.to_string(formatters={"Korthikanti": "{:,}".format, "ours": "{:,}".format,
+                                  "why they differ": lambda why: f"  {why:<72}"}))
+theirs, ours = table["Korthikanti"].sum(), table["ours"].sum()
+no_dropout = sum(memory.korthikanti_terms(GPT3_175B, 1, 2048, dropout=False).values())
+dropout_rows = table[table["why they differ"].str.startswith("no dropout")]["Korthikanti"].sum()
+print(f"\nKorthikanti et al.: {theirs:>15,} B = {format_bytes(theirs)} per block")
+print(f"ours:               {ours:>15,} B = {format_bytes(ours)} per block")
+print(f"ours / Korthikanti: {ours / theirs:.2f}; the dropout rows are "
+      f"{100 * dropout_rows / theirs:.0f}% of the paper's total")
+print(f"Korthikanti without dropout: {no_dropout:,} B, ours minus it: {ours - no_dropout:,} B")
+
+# %% [markdown]
+# Read the rows from the top.
+#
+# * **The rows marked "same"** agree exactly. One tensor, the first LayerNorm's output,
+#   serves as the input of the Q, K and V projections, and each of them keeps a reference
+#   to it, not a copy. The score product keeps Q and K, the product with V keeps V, the
+#   output projection keeps the heads put back together. In the MLP, fc1 keeps its input,
+#   GELU keeps its input (fc1's output) and fc2 keeps GELU's output. Both counts keep GELU's
+#   input *and* output, the two widest tensors of the MLP, because GELU's derivative
+#   needs its input and fc2's weight gradient needs its input. The LayerNorms keep their
+#   inputs; their outputs are the Q, K, V input and fc1's input already listed.
+# * **Dropout** is the whole gap between the two totals, apart from two small rows. The
+#   model Korthikanti et al. measure (Megatron's GPT) drops out attention probabilities,
+#   the attention's output and the MLP's output. Each dropout keeps a 1-byte mask per
+#   element. After the softmax the dropped-out probabilities are also a new tensor, which the
+#   product with V keeps beside the softmax output, so a dropout there more than doubles
+#   what the probabilities cost. Our GPT has no dropout: no masks, and the product with V
+#   reads the softmax output that is kept anyway. The paper's formula with its dropout terms
+#   taken out (`korthikanti_terms(..., dropout=False)`) is almost ours.
+# * **What is left, the last two rows**, are buffers the paper leaves out as small. Each
+#   LayerNorm keeps a mean and a reciprocal standard deviation per token. On the CPU they
+#   are in the compute dtype, bf16 here; PyTorch's CUDA kernel keeps them in fp32, twice the
+#   bytes. Our attention builds a T×T boolean causal mask in each layer, and `masked_fill`
+#   keeps it for its backward pass: one byte per entry, whatever b and h are.
+# * **The softmax output** is the largest row in both counts, and it grows with the square
+#   of the sequence. Our attention is written out op by op (the same operations as the
+#   "math" fallback of PyTorch's `F.scaled_dot_product_attention`) so that every saved tensor
+#   is visible. A fused flash-attention kernel, which `scaled_dot_product_attention` picks on
+#   a GPU and, in recent PyTorch, on the CPU too, never stores the b·h·T² probabilities. It
+#   keeps Q, K, V, its output and one fp32 log-sum-exp per head and row, and rebuilds the
+#   probabilities in its backward pass. That is selective recomputation (chapter 06) inside
+#   one kernel.
+#
+# A formula for one block can be checked against a measurement. A GPT with two blocks and
+# the same GPT with one block have the same embedding and head, so the difference between
+# what autograd saves in their training steps (`memory.measure`) is one block, measured.
+# The chapter's `small` model at its full context:
+
+# %%
+b, s = 4, 64
+one, two = (memory.measure(small.replace(n_layers=n), (b, s), "sgd", "bf16").activations
+            for n in (1, 2))
+small_table = memory.compare_block(small, b, s, "bf16")
+print(small, f"\nbatch {b}, sequence {s}, bf16, one block:")
+for name, n in (("measured (2 blocks - 1 block)", two - one),
+                ("ours", small_table["ours"].sum()),
+                ("Korthikanti et al.", small_table["Korthikanti"].sum()),
+                ("Korthikanti et al., no dropout",
+                 sum(memory.korthikanti_terms(small, b, s, dropout=False).values()))):
+    print(f"{name:<32}{n:>9,} B  {100 * (n - (two - one)) / (two - one):+7.2f}% vs measured")
+
+# %% [markdown]
+# Our count is the measurement, to the byte. The paper's formula is not wrong: it counts
+# a model with dropout, and without its dropout terms it falls short only by the LayerNorm
+# statistics and the causal mask. Before using a published activation formula for your
+# model, check what your model's layers actually keep.
+
+# %% [markdown]
 # ## 4. The power bill, and the price of a lost packet
 #
 # The book's example: 50,000 GPUs at 350 W for 60 days, at $0.10 per kWh.

@@ -20,7 +20,9 @@ from parlab.memory.states import (
 from parlab.memory.breakdown import Breakdown, ESTIMATED_SCHEDULES, Plan
 from parlab.memory.tracing import default_loss, module_children, ModuleTrace, trace_module
 from parlab.memory.modules import stage_ranges
-from parlab.memory.calculator import activation_bytes, activations_per_layer, estimate, min_gpus
+from parlab.memory.calculator import (
+    activation_bytes, activations_per_layer, block_activations, estimate, min_gpus
+)
 from parlab.memory.measurement import measure
 from parlab.memory.recompute import (
     full_recompute, layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops,
@@ -29,6 +31,7 @@ from parlab.memory.recompute import (
 from parlab.memory.energy import (
     expected_waste, failure_cost, RunCost, training_cost, Waste, young_interval
 )
+from parlab.memory.korthikanti import compare_block, korthikanti_terms
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Breakdown", "Plan",
            "ModelStates", "estimate", "min_gpus", "model_state_bytes", "activation_bytes",
@@ -36,4 +39,5 @@ __all__ = ["PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Br
            "failure_cost", "expected_waste", "young_interval", "RECOMPUTE", "layer_activations",
            "recompute_flops", "RecomputeFlops", "Trace", "live_bytes", "measure_recompute",
            "RecomputeResult", "full_recompute", "default_loss", "module_children",
-           "ModuleTrace", "trace_module", "stage_ranges"]
+           "ModuleTrace", "trace_module", "stage_ranges", "block_activations",
+           "korthikanti_terms", "compare_block"]

@@ -29,7 +29,7 @@ Activations of one micro-batch of b sequences of length T, element size s (4 or 
 - each block: LayerNorm inputs and outputs 4bTd and their mean/rstd 4bT (replicated under
   tensor parallelism); Q, K, V head copies and the attention output 4bTd, GELU input and output
   2bT d_ff, softmax probabilities b h T^2 (all divided by tp); all times s, plus the causal
-  mask, T^2 bytes;
+  mask, T^2 bytes (tensor by tensor: :func:`block_activations`);
 - embedding: token ids 8bT and positions 8T; head: final LayerNorm 2bTd + 2bT, log-probs
   bT vocab/tp, times s; targets 8bT;
 - a :class:`~parlab.models.BookMLP` of widths n_0 ... n_L: s b (n_0 + n_1 + ... + n_L + n_L):
@@ -68,7 +68,8 @@ from parlab.memory.states import (
 from parlab.models import BookMLP, get_config, TransformerConfig
 
 __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
-           "activation_bytes", "activations_per_layer", "resolve_setup", "describe_setup"]
+           "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
+           "describe_setup"]
 
 _positive = check_positive
 
@@ -213,13 +214,51 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
         out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
         return out | {"loss": batch * m.sizes[-1] * e}
     bt = batch * seq
-    replicated = 4 * bt * m.d_model + 4 * bt
-    split = (4 * bt * m.d_model + 2 * bt * m.d_ff + batch * m.n_heads * seq * seq) // tp
-    block = e * (replicated + split) + seq * seq
+    block = sum(_block_terms(m, batch, seq, e, tp).values())
     out = {"embedding": 8 * bt + 8 * seq}
     out |= {f"block {i}": block for i in range(1, m.n_layers + 1)}
     head = e * (2 * bt * m.d_model + 2 * bt + bt * math.ceil(m.vocab / tp) + 1) + 8 * bt
     return out | {"head": head}
+
+
+def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
+                      tp: int = 1) -> dict[str, int]:
+    """Saved bytes of one block of :func:`parlab.models.build_model`, tensor by tensor.
+
+    The one home of the block formula (:func:`activations_per_layer` adds these up). What
+    autograd keeps for the backward pass, in the order the forward pass saves it, for b
+    sequences of T tokens, d = d_model, f = d_ff, h heads, s bytes per element:
+
+    - ``ln1 input`` (the block's input x) and ``ln1 output``, the one tensor the Q, K and V
+      projections all save (s b T d each); ``ln mean/rstd``: both LayerNorms' per-token
+      mean and 1/std, 4 b T elements of the compute dtype (so on the CPU; CUDA's kernel keeps
+      them in fp32);
+    - ``q heads``, ``k heads``, ``v heads``: the batched matmuls save contiguous copies of
+      the (b, h, T, d/h) head views (s b T d / tp each);
+    - ``causal mask``: masked_fill keeps the T x T boolean mask (T^2 bytes, per layer);
+    - ``softmax probabilities``: s b h T^2 / tp, kept once, by softmax and by the product
+      with V;
+    - ``attention output``: the heads put back together, out_proj's input (s b T d / tp);
+    - ``ln2 input`` and ``ln2 output`` (fc1's input), s b T d each;
+    - ``gelu input`` (fc1's output) and ``gelu output`` (fc2's input), s b T f / tp each.
+
+    Only ``model`` (a :class:`~parlab.models.TransformerConfig` or its name) with ``tp``
+    dividing its heads and d_ff; the LayerNorm tensors are replicated under tensor parallelism.
+    """
+    s = _micro(model, batch, seq, precision, tp)
+    if not isinstance(s.model, TransformerConfig):
+        raise ValueError(f"block_activations counts a transformer block; got {s.model!r}")
+    return _block_terms(s.model, batch, seq, s.precision.bytes, tp)
+
+
+def _block_terms(m: TransformerConfig, batch: int, seq: int, e: int, tp: int) -> dict[str, int]:
+    bt, d = batch * seq, m.d_model
+    x, heads, ff = e * bt * d, e * bt * d // tp, e * bt * m.d_ff // tp
+    return {"ln1 input": x, "ln1 output": x, "ln mean/rstd": e * 4 * bt, "q heads": heads,
+            "k heads": heads, "v heads": heads, "causal mask": seq * seq,
+            "softmax probabilities": e * batch * m.n_heads * seq * seq // tp,
+            "attention output": heads, "ln2 input": x, "ln2 output": x, "gelu input": ff,
+            "gelu output": ff}
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
