@@ -52,7 +52,7 @@ def test_raising_rank_is_named_fast_and_leaves_nothing(pid_dir):
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         run(_raise_on_rank_2, 4, pid_dir, timeout=30)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 10   # within seconds, even on a loaded 2-core machine
     err = info.value
     assert err.rank == 2 and err.exc_type == "ValueError"
     assert "rank two is unhappy" in str(err) and "_raise_on_rank_2" in err.rank_traceback
@@ -71,7 +71,9 @@ def test_hanging_rank_fails_at_timeout_and_leaves_nothing(pid_dir):
     with pytest.raises(RankTimeoutError) as info:
         run(_hang_on_rank_1, 3, pid_dir, timeout=2)
     elapsed = time.monotonic() - start
-    assert 2 <= elapsed < 8
+    # the timeout counts from the moment every rank has started, so on a loaded machine the
+    # start-up comes on top; the upper bound only says that nothing waits much longer
+    assert 2 <= elapsed < 15
     assert "did not finish within 2 s" in str(info.value)
     assert "[1] had returned from fn" in str(info.value)
     assert wait_gone(read_pids(pid_dir)) == []
