@@ -60,6 +60,10 @@ print(book)
 # same once, in step 6: its last forward pass, and the first error that came back from B2.
 # The same table is also available as a dict, `book.pipeline_order`, in the form PyTorch
 # uses: `{rank: [action, (action, action), None, ...]}`.
+#
+# Keep those doubled entries in mind. A forward and a backward pass in one step means two
+# units of work in one unit of time, which no other schedule in this notebook allows
+# itself. Section 5 counts what that does to the comparison with GPipe and 1F1B.
 
 # %%
 book.pipeline_order[3]
@@ -77,14 +81,17 @@ book.pipeline_order[3]
 # of x1. The last column is the share of GPUs that are busy.
 
 # %%
+from parlab.pipeline import BOOK_ACTIVE_PERCENT
+
 sim = simulate(book)
 print(sim.table())
 print()
 print("active GPUs per step (%):", sim.active_percent)
+print("the same as the chapter's percentages:", sim.active_percent == BOOK_ACTIVE_PERCENT)
 
 # %% [markdown]
-# That is 25, 50, 75, 100, 75, 50, 75, 100, 75, 50, 25 %, the chapter's eleven
-# percentages. Here is one step in the chapter's own format:
+# The percentages count GPUs, not work: a GPU that runs two actions in a step counts once.
+# Section 5 shows what they leave out. Here is one step in the chapter's own format:
 
 # %%
 print(describe_step(sim, 5))
@@ -196,7 +203,9 @@ print(toy_run.traffic_table())
 #   micro-batches.
 # * **Interleaved 1F1B** gives each GPU *v* smaller chunks of the model (GPU A1 holds
 #   chunks 1 and 5 of 8, for example). Each chunk's step is *v* times shorter, so the
-#   bubble shrinks. The price is *v* times more messages between GPUs.
+#   bubble shrinks. The price is more messages between GPUs. A micro-batch now crosses a
+#   GPU boundary at every chunk boundary: p·v - 1 of them each way instead of p - 1. That
+#   is (pv - 1)/(p - 1) times the messages, more than v; the count is measured below.
 #
 # **Bubble fraction**, here and in the package, means idle slots divided by all slots.
 # For GPipe that is (p-1)/(m+p-1). Papers often quote bubble time over ideal time
@@ -215,6 +224,50 @@ for s in sims:
 show(gantt_figure(sims))
 
 # %% [markdown]
+# ### The book's schedule is not faster: it does two things at once
+#
+# In these summaries the book's schedule beats GPipe and 1F1B: fewer time steps, a smaller
+# bubble. The whole lead comes from its doubled steps. There a GPU runs a forward and a
+# backward pass in the time the other schedules give to one, and the Gantt chart draws the
+# pair as two half-width cells inside one time unit. A real GPU cannot: running both takes
+# as long as running one after the other. Count the actions against the busy (GPU, step)
+# slots:
+
+# %%
+from parlab.pipeline import one_action_per_slot, slot_count, work_percent
+
+for s in sims[1:4]:  # book, GPipe, 1F1B
+    print(f"{s.schedule.name:<6} {slot_count(s)}")
+
+# %% [markdown]
+# All three run the same number of actions. GPipe and 1F1B need one busy slot per action;
+# the book's schedule needs fewer, and the difference is its doubled slots. The chapter's
+# active-GPU percentages hide that extra work, because they count GPUs. Per step, the work
+# done (actions as a share of one action per GPU) next to the share of active GPUs:
+
+# %%
+print("work per step (%):       ", work_percent(sim))
+print("active GPUs per step (%):", sim.active_percent)
+
+# %% [markdown]
+# Where the two rows differ, a GPU worked twice in one step. Now hold the book's schedule to
+# the rule the others follow, one action per slot: each GPU keeps its order of work, every
+# doubled step is split, and each action moves to the earliest step its inputs allow. The
+# book's schedule then takes as many steps as GPipe and 1F1B, with the same bubble:
+
+# %%
+serial = simulate(one_action_per_slot(book))
+for s in (serial, sims[2], sims[3]):
+    print(s.summary())
+show(gantt_figure([sims[1], serial, sims[2]]))
+
+# %% [markdown]
+# Counted fairly, the book's schedule is GPipe with its backward passes started as early
+# as possible; on the last GPU it already alternates forward and backward, as 1F1B does on
+# every GPU. What it keeps over GPipe is memory on the last stage (the peak in-flight
+# counts above), not time.
+
+# %% [markdown]
 # Activation memory in bytes needs a real model. The comparison below uses GPT-3 175B
 # with one sequence of 2048 tokens per micro-batch in bf16.
 # `parlab.memory.activation_bytes` (chapter 01) gives the bytes one micro-batch leaves on
@@ -225,7 +278,33 @@ show(gantt_figure(sims))
 # %%
 from parlab.pipeline import compare, comparison_table
 
-print(comparison_table(compare(stages=4, microbatches=8, chunks=2)))
+rows = compare(stages=4, microbatches=8, chunks=2)
+print(comparison_table(rows))
+
+# %% [markdown]
+# The transfers column is where interleaving pays. Its ratio to 1F1B's, next to
+# (pv - 1)/(p - 1) and to v:
+
+# %%
+p, v = 4, 2
+transfers = {r.name: r.transfers for r in rows}
+print(f"interleaved / 1F1B transfers: {transfers['interleaved'] / transfers['1f1b']:.3f}; "
+      f"(pv-1)/(p-1) = {(p * v - 1) / (p - 1):.3f}; v = {v}")
+
+# %% [markdown]
+# The same count from real ranks: interleaved 1F1B with v = 2 on the toy backend, with a
+# network of 8 layers so that each of the 4 ranks holds 2 chunks. The book's schedule of
+# section 4 ran on the same 4 ranks and sent as many messages per micro-batch as GPipe and
+# 1F1B, so it is the baseline here.
+
+# %%
+from parlab.pipeline import Network
+
+deep = Network(widths=(3,) + (4,) * 7 + (2,))
+interleaved_run = execute(schedule("interleaved", 4, 4, 2), deep, backend="toy")
+print(interleaved_run.report())
+sent = {"interleaved": len(interleaved_run.traffic.records), "book": len(toy_run.traffic.records)}
+print(f"messages logged: {sent}; ratio {sent['interleaved'] / sent['book']:.3f}")
 
 # %% [markdown]
 # The slide deck's three trade-offs, as curves. Move the sliders to change p, m and v.

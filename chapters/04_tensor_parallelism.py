@@ -15,10 +15,12 @@
 # %% [markdown]
 # # 04 · Tensor parallelism: one layer, several GPUs
 #
-# Pipeline parallelism (chapter 03) gives each GPU whole layers. That stops working when a
-# single layer is too big for one GPU, or too slow on one. Tensor parallelism cuts the
+# Pipeline parallelism (chapter 03) gives each GPU whole layers. Each layer is then computed
+# by one GPU alone, and a big model needs a long pipeline. Tensor parallelism cuts the
 # matrices *inside* a layer, so several GPUs compute one layer together, and exchange
-# pieces of their results as they go.
+# pieces of their results as they go. (The chapter's reason, that a single layer often
+# does not fit on one GPU, does not hold for GPT-3; section 1 checks it and gives the
+# reasons that do.)
 #
 # In this notebook you will:
 #
@@ -42,15 +44,18 @@
 # %% [markdown]
 # ## 1. How big is one layer? Counting GPT-3
 #
-# GPT-3 175B has `d_model = 12288`, 96 blocks, 96 heads and a feed-forward width of
-# `4 x d_model`. A self-attention layer holds four `d x d` matrices (W_Q, W_K, W_V and the
-# output projection W_O) plus their biases; a feed-forward layer holds two `d x 4d`
-# matrices. `parlab.models` computes the counts from the configuration (and builds a real
-# model whose parameters add up to the same total):
+# A self-attention layer holds four `d x d` matrices (W_Q, W_K, W_V and the output
+# projection W_O) plus their biases; a feed-forward layer holds two `d x d_ff` matrices.
+# `parlab.models` computes the counts from GPT-3's configuration (and builds a real model
+# whose parameters add up to the same total):
 
 # %%
+from parlab.models import get_config
 from parlab.tensor_parallel import counting
 
+gpt3 = get_config("GPT-3 175B")
+print(f"GPT-3: d_model {gpt3.d_model}, {gpt3.n_layers} blocks, {gpt3.n_heads} heads, "
+      f"d_ff {gpt3.d_ff} = {gpt3.d_ff // gpt3.d_model} x d_model, vocabulary {gpt3.vocab}\n")
 counts = counting.gpt3_counts()
 for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", "total"):
     book = counting.BOOK_SAYS.get(part)
@@ -58,7 +63,7 @@ for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", 
     print(f"{part:<16} {counts[part]:>16,}{said}")
 
 # %% [markdown]
-# **Figure 8-15** is the stack these counts come from: embeddings, 96 identical decoder
+# **Figure 8-15** is the stack these counts come from: embeddings, the identical decoder
 # blocks (self-attention and a feed-forward layer, each behind a LayerNorm and around a
 # residual connection), and the output projection back to the vocabulary. The labels below
 # are computed from the same configuration:
@@ -70,25 +75,80 @@ from parlab.viz.plots import local_qkv_figure, transformer_figure
 show(transformer_figure())
 
 # %% [markdown]
-# The book's "about 605 million" per attention layer is 4 d² = 604 M plus biases, and its
-# "about 173 billion" for the blocks is 96 x 1.81 B = 174.0 B: rounding, not a different
-# model. Even one block (1.8 B parameters, 3.6 GB in fp16) is a lot for one GPU once
-# gradients and optimizer state join it, and the whole model is far beyond 80 GB.
+# **Two of the book's numbers are not roundings of these counts.** Its "about 605 million"
+# per attention layer and "about 173 billion" for the blocks sit next to the exact counts,
+# rounded the usual way, below. The attention count rounds *down*, so 605 M is a slip.
+# The block total matches another route: round one block first, then multiply by the
+# number of blocks, which drops almost a billion parameters. Rounding the exact total
+# gives a different figure.
+
+# %%
+from parlab.tensor_parallel import book_rounding
+
+r = book_rounding()
+print(f"attention layer: {r['attention']:,} rounds to {r['attention_rounded_to_millions'] / 1e6:g} M;"
+      f" the book: {r['book_attention'] / 1e6:g} M")
+print(f"all blocks:      {r['blocks']:,} rounds to {r['blocks_rounded_to_billions'] / 1e9:g} B;"
+      f" the book: {r['book_blocks'] / 1e9:g} B")
+print(f"{r['layers']} x one block rounded to {r['block_rounded'] / 1e9:g} B first = "
+      f"{r['blocks_from_rounded'] / 1e9:g} B")
+
+# %% [markdown]
+# ### Does one layer exceed a GPU? Not in GPT-3
 #
-# Splitting every layer `tp` ways divides most of that. Here are the parameter bytes one
+# The chapter motivates tensor parallelism by saying that a single layer alone often
+# exceeds one GPU's memory. For GPT-3 that is false. Its largest layer, the feed-forward
+# layer, fits on an 80 GB GPU with room to spare, even with everything Adam keeps for it
+# in mixed precision (parameters, gradients, fp32 master weights and two moments, from
+# `parlab.memory.model_state_bytes`), and so does a whole block:
+
+# %%
+from parlab.tensor_parallel import layer_memory
+
+lm = layer_memory(tp=8, microbatches=8)
+print(f"feed-forward layer: {lm['ffn_parameters']:,} parameters, "
+      f"{lm['ffn_state_bytes'] / 1e9:.1f} GB with Adam; fits in {lm['gpu_bytes'] / 1e9:g} GB: "
+      f"{lm['ffn_fits']}")
+print(f"attention layer: {lm['attention_state_bytes'] / 1e9:.1f} GB; "
+      f"one block: {lm['block_state_bytes'] / 1e9:.1f} GB\n")
+for tp in (1, lm["tp"]):
+    row = lm[f"tp{tp}"]
+    print(f"tp={tp}: per GPU, one block's activations for one sequence of {lm['context']} "
+          f"tokens {row['block_activation_bytes'] / 1e9:.2f} GB, its forward matmuls "
+          f"{row['block_forward_flops'] / 1e12:.2f} TFLOP")
+    print(f"      blocks whose model states fit on one GPU: {row['blocks_per_gpu']}, so at "
+          f"least {row['stages']} pipeline stages; GPipe's bubble with "
+          f"{lm['microbatches']} micro-batches: {row['bubble']:.3f}")
+
+# %% [markdown]
+# The reasons for tensor parallelism are the other lines:
+#
+# - **Activations.** One sequence leaves the bytes printed above on every block, and a
+#   pipeline stage keeps several micro-batches' worth until their backward passes
+#   (chapter 03). Tensor parallelism splits most of them.
+# - **Compute per layer.** Only tensor parallelism makes one layer faster: each GPU does its
+#   share of every matrix multiplication. When each token must pass through every layer
+#   in turn (inference, one token at a time), that is the only way to cut the latency.
+# - **Fewer pipeline stages.** With pipeline parallelism alone, the model states need a
+#   long pipeline, whose bubble eats most of the time. Splitting every layer lets each
+#   GPU hold many more blocks, so the same model needs far fewer stages.
+#
+# Splitting every layer `tp` ways divides most of the model. Here are the parameter bytes one
 # GPU keeps (from `parlab.memory`, Megatron's layout). Pick another model or
 # precision below the figure:
 
 # %%
 from parlab.viz.widgets import shard_memory_explorer
 
-for row in counting.parameter_memory(degrees=(1, 2, 4, 8)):
+rows = counting.parameter_memory(degrees=(1, 2, 4, 8))
+for row in rows:
     print(f"tp={row['tp']}: {row['parameters']:>15,} parameters, {row['bytes'] / 1e9:6.1f} GB "
           f"in fp16; fits in 80 GB: {row['fits_80GB']}")
+print("smallest degree whose parameters fit:", min(r["tp"] for r in rows if r["fits_80GB"]))
 shard_memory_explorer()
 
 # %% [markdown]
-# Parameters alone still need 8 GPUs at fp16; training adds gradients, optimizer state and
+# That is for the parameters alone; training adds gradients, optimizer state and
 # activations (chapter 01), which is why tensor parallelism is combined with pipeline and
 # data parallelism (chapter 05).
 #
@@ -101,14 +161,16 @@ table = counting.embedding_table(precision="fp16")
 print(f"table: {table['vocab']:,} tokens x {table['d_model']:,} = {table['parameters']:,} "
       f"parameters = {table['bytes'] / 1e9:.2f} GB in fp16")
 print(f"share of the model: {100 * table['share_of_model']:.2f} %; "
-      f"one block: {table['one_block_bytes'] / 1e9:.2f} GB")
+      f"one block: {table['one_block_bytes'] / 1e9:.2f} GB; "
+      f"table / block: {table['bytes'] / table['one_block_bytes']:.2f}")
 print(f"vectors looked up for one sequence of 2048 tokens: {table['vectors_bytes'] / 1e6:.1f} MB")
 
 # %% [markdown]
-# The book calls a typical embedding matrix "about 200 MB"; GPT-3's is larger (1.2 GB in
-# fp16), but the argument holds: it is a third of one block and a third of a percent of
-# the model, and a lookup only copies rows, which costs almost nothing. Split the table
-# and every lookup becomes a collective. Section 3 measures both layouts.
+# The book calls a typical embedding matrix "about 200 MB"; GPT-3's is larger (printed
+# above), but the memory argument holds: the table is a fraction of one block and a
+# fraction of a percent of the model, and a lookup only copies rows. The book gives a
+# second reason, that splitting the table would bring high communication costs. Section 3
+# measures both layouts and finds otherwise.
 
 # %% [markdown]
 # ### Q, K and V on one GPU (Figure 8-16)
@@ -142,8 +204,8 @@ print("...")
 print(describe(shard_spec("E", (50257, 12288), "vocab", 8)[-2:]))
 
 # %% [markdown]
-# The vocabulary (50257 tokens) does not divide by 8, so the ranges are balanced: the first
-# ranks get one more token id. Cutting and gluing back gives the original tensor:
+# The vocabulary does not divide by 8, so the ranges are balanced: the first ranks get one
+# more token id than the last ones. Cutting and gluing back gives the original tensor:
 
 # %%
 import torch
@@ -191,11 +253,31 @@ for c in embeddings.values():
     print(c.traffic_table(), "\n")
 
 # %% [markdown]
-# For the same 6 tokens, the broadcast puts 2 x the vectors on the wire (a chain: A1 to A2
-# to A3) and the vocabulary split 4 x (an all-reduce is a reduce-scatter plus an
-# all-gather). The broadcast's backward reduce is the price of keeping the table in one
-# place; a vocabulary-parallel table is split across GPUs, which matters for memory only
-# when the table is big compared with the rest of the model.
+# **The book says that splitting the table brings high communication costs.** Add up each
+# layout's forward and backward bytes, and count them in units of the looked-up vectors
+# (the output of the lookup). Then do the same with the ring formulas at GPT-3's size: one
+# sequence's vectors on 8 GPUs.
+
+# %%
+from parlab.tensor_parallel import embedding_wire_bytes
+
+vectors = embeddings["broadcast"].reference["output"].nbytes
+for kind, c in embeddings.items():
+    moved = sum(c.total_bytes().values())
+    print(f"{kind:<9} forward + backward: {moved} B = {moved / vectors:.3g} x the vectors "
+          f"({vectors} B)")
+at_scale = embedding_wire_bytes(table["vectors_bytes"], 8)
+print(f"GPT-3, one sequence, 8 GPUs: broadcast + reduce {at_scale['broadcast']['total'] / 1e6:.0f} MB,"
+      f" vocabulary split {at_scale['vocab']['total'] / 1e6:.0f} MB")
+
+# %% [markdown]
+# The vocabulary split moves *less*, in our run and at GPT-3's size. Its all-reduce costs
+# more than the broadcast in the forward pass, but it needs nothing in the backward pass,
+# where the book's layout must reduce the vectors' gradients onto A1. Both are
+# proportional to the looked-up vectors, not to the table, so communication is not the
+# reason to keep the table whole. The real trade-off is memory against simplicity: a
+# vocabulary-parallel table divides the table's memory, which matters only when the table
+# is big next to the rest of what a GPU holds. Megatron-LM splits it anyway.
 
 # %% [markdown]
 # ## 4. The Megatron MLP, and the slides' cost per layer
@@ -222,9 +304,19 @@ print(mlp.summary())
 print(mlp.traffic_table())
 
 # %% [markdown]
-# X is 2 x 4 x 8 numbers = 256 bytes; a ring all-reduce on 2 GPUs puts 2 x 256 bytes on the
-# wire, forward and backward.
-#
+# Each all-reduce carries a tensor of X's size. In the forward pass it sums B's partial
+# outputs; in the backward pass, the partial gradients of X (an activation gradient, not a
+# weight gradient: each GPU's weight gradients are its own). A ring all-reduce on 2 GPUs
+# puts the tensor on the wire twice over:
+
+# %%
+from parlab.comm import ring_wire_bytes
+
+x_grad = mlp.reference["x.grad"]
+print(f"X: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B; ring all-reduce on 2 GPUs: "
+      f"{ring_wire_bytes('all_reduce', x_grad.nbytes, 2):g} B on the wire")
+
+# %% [markdown]
 # The slides compare three strategies for one layer with `C_in` inputs, `C_out` outputs and
 # a batch of `B`: data parallelism exchanges the weight gradient (`C_in x C_out` numbers),
 # partition-output the outputs (`B x C_out`), reduce-output `B x C_in`. The explorer runs
@@ -261,6 +353,23 @@ from parlab.viz.plots import qkv_sharding_figure
 show(qkv_sharding_figure(d_model=8, n_heads=2, ranks=2))
 
 # %% [markdown]
+# Two slips in the book around this figure. Its caption speaks of "Shared" Q, K and V
+# matrices; *sharded* is meant, since each GPU holds a different part and nothing is
+# shared. And its text says the embedding matrix X is distributed between A1 and A2 as
+# well, while the next figure, 8-18, broadcasts X from A1 to A2. Figure 8-18 is right. With
+# W_Q split by output features (columns), every one of A1's output features is a sum over
+# *all* of X's features, so A1 needs the whole X. A1's slice of Q, computed from the whole
+# X and from only its share of X's features, against the true slice:
+
+# %%
+from parlab.tensor_parallel import column_split_input
+
+errors = column_split_input(d_model=8, tokens=4, parts=2)
+print(f"from the whole X: equal to the true slice (difference below 1e-6): "
+      f"{errors['whole_input'] < 1e-6}")
+print(f"from A1's share of X's features: off by up to {errors['input_share']:.2f}")
+
+# %% [markdown]
 # **The book's way** (Figure 8-18), made exact by `BookAttention`:
 #
 # 1. A1 looks up the embeddings X and broadcasts them to A2.
@@ -273,11 +382,36 @@ show(qkv_sharding_figure(d_model=8, n_heads=2, ranks=2))
 #    to match those context columns (a row-parallel layer): each GPU multiplies its context
 #    columns by its rows of W_O, and an all-reduce adds the two partial outputs.
 #
-# Backward, as the chapter describes: Q and K are all-gathered again (only each GPU's own
-# slices were kept, which saves memory), each GPU computes its *contribution* to the
-# gradients of the whole Q and K (through its own V columns only), and an all-reduce sums
-# the contributions before each GPU keeps its slice. A final reduce sums the two GPUs'
-# gradients for X onto A1, where the embedding table lives.
+# The book says the softmax *produces* the context vector. It produces the attention
+# weights: per head, one row per token, each row summing to 1. The context vectors are
+# those weights times V, softmax(QKᵀ/√d_head) V, which is what step 4 computes. The shapes,
+# for one sequence of 4 tokens, `d_model = 8` and 2 heads:
+
+# %%
+from parlab.tensor_parallel import softmax_and_context
+
+print(softmax_and_context(d_model=8, n_heads=2, seq=4))
+
+# %% [markdown]
+# **Backward, and a slip in the chapter.** The chapter all-reduces the gradients of the
+# sharded weight matrices (of the feed-forward layer, and of Q, K and V "before updating
+# the weights"). For a sharded weight that is wrong. Only A1 holds its shard of W_Q, and
+# only A1 computes that shard's gradient (Xᵀ times A1's slice of dL/dQ), so there is
+# nothing on A2 to add to it. An all-reduce would add A2's gradient of a *different*
+# shard. What the GPUs do have to add up are gradients of *activations*, and that is what
+# `BookAttention` does:
+#
+# - dL/dQ and dL/dK: Q and K are all-gathered again (only each GPU's own slices were kept,
+#   which saves memory), each GPU computes its *contribution* to the gradients of the whole
+#   Q and K (through its own V columns only), and an all-reduce sums the contributions
+#   before each GPU keeps its slice;
+# - dL/dX: each GPU's projections give a partial gradient of the input they share, and a
+#   reduce sums the two onto A1, where the embedding table lives. This is Megatron's `f`
+#   operator of section 4 (identity forward, sum backward), with the broadcast in place of
+#   the identity.
+#
+# The weight gradients stay on the GPU that computed them. The toy log below shows which
+# tensors the collectives carry.
 #
 # **Megatron-LM's way** (`MegatronAttention`) splits by whole heads. A head's scores need
 # only that head's columns of Q and K, so a GPU that owns whole heads already has all it
@@ -308,6 +442,34 @@ for c in attention.values():
 # %%
 for name in attention:
     print(f"--- {name}\n{attention[name].traffic_table()}")
+
+# %% [markdown]
+# ### What the backward collectives carry
+#
+# The log says which tensors were summed or gathered, by their size. Here the input has as
+# many elements as W_Q (batch x tokens = d_model), so run the book's and Megatron's layers
+# once more with 5 tokens instead of 4: then no activation has the size of a weight or of
+# a weight shard. Each backward collective, with the size of the tensor it carried (from
+# its bytes on the wire and the ring formula), next to the activation size and the weight
+# shards:
+
+# %%
+from parlab.tensor_parallel import calls_table, collective_calls, gradient_shard_bytes
+
+evidence = {name: run_attention(name, seq=5, backend="toy") for name in ("book", "megatron")}
+x_grad = evidence["book"].reference["x.grad"]
+print(f"X, Q, K and their gradients: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B")
+print("weight-gradient shards on A1 (B):", gradient_shard_bytes(evidence["book"]))
+for name, c in evidence.items():
+    print(f"--- {name}, backward pass\n{calls_table(collective_calls(c.traffic['backward']))}")
+
+# %% [markdown]
+# Every collective of the backward pass carries a tensor of X's size: Q and K gathered
+# again, their gradients summed, X's gradient reduced. None carries a weight shard. In
+# Megatron's layer the only backward collective is the all-reduce of X's gradient, the `f`
+# operator. The weight gradients need no collective at all within a tensor-parallel group;
+# they are summed only across data-parallel replicas (chapters 02 and 03), where every
+# replica holds the same shard.
 
 # %% [markdown]
 # PyTorch's API issues its collectives through its own functional layer;
@@ -347,9 +509,9 @@ show(attention_bytes_figure(measured, "one attention layer, 2 GPUs: bytes measur
 # never used, and in the backward pass the "contributions" A1 adds to A2's slices of dQ and
 # dK are zeros. Splitting by heads makes that visible and drops the gathers. With heads
 # aligned to GPUs, the book's way moves the same output all-reduce as Megatron's, plus the
-# broadcast, two all-gathers forward, two more backward, two all-reduces of Q and K's size,
-# and the final reduce (the ratio printed above), and every extra collective is one more
-# point where both GPUs wait for each other.
+# broadcast, the all-gathers of Q and K (forward, and again backward), the all-reduces of
+# their gradients, and the final reduce (the ratio printed above), and every extra
+# collective is one more point where both GPUs wait for each other.
 #
 # What the book's way can do that Megatron's cannot: split *inside* a head. With a single
 # head, Megatron's split is refused, and the book's way still gives the right layer,
@@ -364,14 +526,19 @@ except ValueError as err:
     print("ValueError:", err)
 
 # %% [markdown]
-# The chapter sums the Q and K gradient contributions with an all-reduce. Each GPU keeps
-# only its own slice of the sum, so a reduce-scatter does the same job with half the bytes:
+# `BookAttention` sums the Q and K gradient contributions with an all-reduce, the
+# collective the chapter names. Each GPU keeps only its own slice of the sum, so a
+# reduce-scatter does the same job for fewer bytes:
 
 # %%
 scattered = run_attention("book", backend="toy", grad_sync="reduce_scatter")
 print(scattered.summary())
 print("backward bytes, all-reduce:", attention["book"].total_bytes()["backward"],
       " reduce-scatter:", scattered.total_bytes()["backward"])
+summed = (attention["book"].bytes_by_op()["backward"]["all_reduce"],
+          scattered.bytes_by_op()["backward"]["reduce_scatter"])
+print(f"summing dQ and dK alone: {summed[0]} B by all-reduce, {summed[1]} B by "
+      f"reduce-scatter ({summed[1] / summed[0]:g} x)")
 
 # %% [markdown]
 # These byte counts follow formulas (`counting.attention_bytes`; the tests check them
@@ -386,11 +553,31 @@ attention_explorer()
 # %% [markdown]
 # ## 6. Figure 8-19: the feed-forward layer on six GPUs
 #
-# The figure's network has two hidden layers (6 and 4 neurons) and an output layer (2
-# neurons). Each layer is a pipeline stage in its own server, and inside the server its
-# neurons are split between the two GPUs, which talk over NVLink. The A GPUs of all three
-# servers hang off rail switch 1, the B GPUs off rail switch 2. Ranks are numbered server
-# by server, which gives exactly the figure's names:
+# The book presents this network as the feed-forward layer of a transformer block, made of
+# two hidden layers and an output layer. A transformer's feed-forward layer (Figure 8-15,
+# and `parlab.models.MLP`) is d_model -> d_ff -> d_model: *one* hidden layer, four times
+# wider than the model, and an output layer back to the model's width. The widths of both:
+
+# %%
+from parlab.tensor_parallel import ffn_widths
+
+widths = ffn_widths()
+print(f"Figure 8-19:            {' -> '.join(map(str, widths['book']))} "
+      f"({widths['book_hidden_layers']} hidden layers)")
+print(f"GPT-3's feed-forward:   {' -> '.join(map(str, widths['transformer']))} "
+      f"({widths['transformer_hidden_layers']} hidden layer, d_ff / d_model = "
+      f"{widths['d_ff_over_d_model']:g})")
+
+# %% [markdown]
+# So read Figure 8-19 as a small stand-in network, chosen so that each layer can be a
+# pipeline stage of its own. In a real transformer the feed-forward layer's two matrices
+# are the Megatron MLP of section 4 (column-parallel, then row-parallel) on the GPUs of
+# one server, and pipeline stages hold whole blocks.
+#
+# In the figure, each layer is a pipeline stage in its own server, and inside the server
+# its neurons are split between the two GPUs, which talk over NVLink. The A GPUs of all
+# three servers hang off rail switch 1, the B GPUs off rail switch 2. Ranks are numbered
+# server by server, which gives exactly the figure's names:
 
 # %%
 from parlab.tensor_parallel import layout
@@ -407,8 +594,11 @@ for place in layout((4, 6, 4, 2), tensor=2):
 # previous stage's outputs is a sum over *all* of this stage's neurons, half of which live
 # on the partner GPU. So the partners all-reduce that sum over NVLink, then send it back
 # along the rails. That all-reduce is the synchronization this network needs. The weight
-# gradients need none: each weight lives on exactly one GPU. (With data-parallel copies of
-# the pipeline, chapter 03, their gradients would be summed too.)
+# gradients need none: each weight lives on exactly one GPU. Here the chapter says
+# otherwise: it all-reduces the feed-forward weights' gradients across the GPUs "before
+# proceeding". That is the slip of section 5 again; the backward log below shows what the
+# all-reduces carry. (With data-parallel copies of the pipeline, chapter 03, the copies'
+# gradients of the same weights would be summed.)
 #
 # Batch of 4 context vectors in 2 micro-batches, compared with the same network
 # (`parlab.models.BookMLP`) on one device:
@@ -425,6 +615,26 @@ for phase, log in ffn.traffic.items():
     links = log.per_link_type(cluster)
     print(f"{phase:<8} bytes: NVLink {links['nvlink']:>4}, rail {links['rail']:>4}, "
           f"spine {links['spine']}")
+
+# %% [markdown]
+# What the backward pass summed inside each server: the number of all-reduces, the size of
+# the tensor each carried (read from the log), the size of the stage's input gradient for
+# one micro-batch, and the size of one GPU's piece of the stage's weights:
+
+# %%
+from parlab.tensor_parallel import ffn_backward_sums
+
+for row in ffn_backward_sums(ffn):
+    print(f"{row['layer']:<3}: {row['all_reduces']} all-reduces ({row['micro_batches']} "
+          f"micro-batches) of {row['tensor_bytes']} B; input gradient per micro-batch "
+          f"{row['input_gradient_bytes']} B; weight shard {row['weight_shard_bytes']} B")
+
+# %% [markdown]
+# One all-reduce per micro-batch, each the size of the stage's input gradient: they sum
+# errors, an activation gradient, as each micro-batch comes back. Where a weight shard has
+# the same size, the count tells them apart: the weight gradients are added up over the
+# micro-batches on each GPU and never leave it, so summing them would be one all-reduce per
+# stage, after the last micro-batch.
 
 # %% [markdown]
 # Every collective stayed inside a server and every send stayed on one rail. The figure
@@ -456,12 +666,12 @@ for gbps in (100, 400):
     print(f"NVLink bandwidth / NIC bandwidth: {ratio:g}")
 
 # %% [markdown]
-# Messages of a few dozen bytes cost their latency and nothing else, so the NIC speed
-# changes nothing: what counts is how many messages follow one another. The NVLink side
-# has more of them (every micro-batch's all-gather and, backward, the two steps of each
-# all-reduce) at a lower latency than a hop through a rail switch. With GPT-3's widths the
-# bytes take over, and then NVLink's bandwidth (the ratio printed above) is why the chapter
-# keeps the chatty tensor-parallel traffic inside the server.
+# Messages this small (their bytes are printed above) cost their latency and nothing
+# else, so the NIC speed changes nothing: what counts is how many messages follow one
+# another. The NVLink side has more of them (every micro-batch's all-gather and, backward,
+# the steps of each all-reduce) at a lower latency than a hop through a rail switch. With
+# GPT-3's widths the bytes take over, and then NVLink's bandwidth (the ratio printed
+# above) is why the chapter keeps the chatty tensor-parallel traffic inside the server.
 #
 # A layout that does not fit the layers is refused with the reason, before any rank
 # starts:

@@ -5,7 +5,9 @@
 (the chapter's own wording and the slips in its step lists), ``executor`` (a schedule run on
 real ranks, logged step by step), ``hybrid`` (pipeline + data parallelism, and
 ``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
-numbers). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and :mod:`parlab.memory`.
+numbers), ``slots`` (actions against busy slots: the book's doubled steps, and the same
+schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
+:mod:`parlab.memory`.
 """
 
 from parlab.pipeline.schedules import SCHEDULES, Action, from_order, Schedule, schedule
@@ -15,6 +17,7 @@ from parlab.pipeline.executor import execute, Execution, Network, reference
 from parlab.pipeline.hybrid import (
     HybridRun, our_action_order, pipeline_data_parallel, torch_pipelining, TorchRun
 )
+from parlab.pipeline.slots import one_action_per_slot, slot_count, SlotCount, work_percent
 from parlab.pipeline.tradeoffs import (
     COMPARED, DEFAULT_MODEL, compare, comparison_table, peak_activation_bytes, ScheduleCost
 )
@@ -24,4 +27,5 @@ __all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTr
            "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
            "reference", "HybridRun", "pipeline_data_parallel", "TorchRun", "torch_pipelining",
            "our_action_order", "compare", "comparison_table", "ScheduleCost",
-           "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL"]
+           "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL", "SlotCount", "slot_count",
+           "work_percent", "one_action_per_slot"]

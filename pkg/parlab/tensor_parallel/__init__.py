@@ -6,8 +6,9 @@ operators as autograd functions: what each collective's backward is), ``layers``
 names), ``attention`` (self-attention split three ways: the book's, Megatron's, DTensor's),
 ``ffn`` (Figure 8-19's feed-forward network on 6 GPUs), ``counting`` (the chapter's numbers
 as formulas), ``runs`` and ``layer_runs`` (each split on real ranks beside its one-device
-twin). Imports :mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and
-:mod:`parlab.memory`.
+twin), ``book`` (the evidence for the chapter's slips: what the collectives carry, one
+layer's memory, the rounding of its counts). Imports :mod:`parlab.launch`, :mod:`parlab.comm`,
+:mod:`parlab.models`, :mod:`parlab.memory` and :mod:`parlab.pipeline`.
 """
 
 from parlab.tensor_parallel.sharding import (
@@ -37,6 +38,11 @@ from parlab.tensor_parallel.runs import (
     ATTENTION_VARIANTS, collective_wire_bytes, Comparison, FunctionalCollectives, merge_grads,
     reference_attention, run_attention, run_ffn
 )
+from parlab.tensor_parallel.book import (
+    book_rounding, calls_table, collective_calls, CollectiveCall, column_split_input,
+    embedding_wire_bytes, ffn_backward_sums, ffn_widths, gradient_shard_bytes, layer_memory,
+    softmax_and_context
+)
 from parlab.tensor_parallel.layer_runs import (
     EMBEDDINGS, STRATEGIES, embedding_rank, mlp_rank, run_embedding, run_layer_strategy, run_mlp,
     strategy_rank
@@ -55,4 +61,6 @@ __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "ev
            "Comparison", "run_attention", "reference_attention", "run_ffn", "merge_grads",
            "FunctionalCollectives", "collective_wire_bytes", "run_mlp", "run_embedding",
            "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "mlp_rank", "embedding_rank",
-           "strategy_rank"]
+           "strategy_rank", "CollectiveCall", "collective_calls", "calls_table",
+           "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
+           "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes"]

@@ -12,10 +12,13 @@ what each moves, is the quickest way to see why frameworks settled where they di
    and multiplies those of the heads its V columns belong to by its V slice, which gives
    its columns of the context. What "finishes the layer" is the output projection W_O,
    split by rows to match those context columns (a row-parallel layer), and one all-reduce
-   of the partial outputs. Backward follows the chapter: Q and K are all-gathered again
-   (only the local slices were kept, saving activation memory), each GPU computes its
-   contribution to the gradients of the whole Q and K, and an all-reduce sums the
-   contributions before each GPU keeps its own slice. Because Q and K are gathered, this
+   of the partial outputs. Backward uses the chapter's collectives, on the tensors that
+   need them: the chapter all-reduces the *weight* gradients, but each GPU alone computes
+   the gradient of its weight shard; what must be summed are activation gradients. Q and
+   K are all-gathered again (only the local slices were kept, saving activation memory),
+   each GPU computes its contribution to the gradients of the whole Q and K, and an
+   all-reduce sums the contributions before each GPU keeps its own slice; the partial
+   gradients of X are reduced onto ``src``. Because Q and K are gathered, this
    split works for any number of heads, even one (the GPUs may split *inside* a head).
 2. :class:`MegatronAttention`: split by whole heads. A head's scores need only that head's
    Q and K columns, so a GPU that owns whole heads already has everything it needs: no
@@ -172,8 +175,9 @@ def _local_linear(linear: nn.Linear, spec) -> nn.Linear:
 class BookAttention(nn.Module):
     """Figures 8-17/8-18: Q, K, V split by features over the ranks; X broadcast from ``src``.
 
-    ``grad_sync`` is how the partial gradients of the gathered Q and K are summed in the
-    backward pass: ``"all_reduce"`` as the chapter says, or ``"reduce_scatter"``, which
+    ``grad_sync`` is how the partial gradients of the gathered Q and K (activation
+    gradients; the weight gradients need no collective) are summed in the backward pass:
+    ``"all_reduce"``, the collective the chapter names, or ``"reduce_scatter"``, which
     delivers to each rank only the slice it keeps (half the bytes).
     """
 

@@ -18,7 +18,8 @@ The error for the previous stage's outputs is a sum over *all* this stage's neur
 of them on the partner GPU, so the partners all-reduce their contributions (NVLink) and
 each sends the sum back along its rail. That all-reduce is the synchronization this
 network needs: its weight gradients need none, since every weight lives on exactly one
-GPU. (With data-parallel replicas, chapter 03, the replicas' gradients would be summed.)
+GPU (the chapter all-reduces them, a slip). With data-parallel replicas (chapter 03) the
+replicas' gradients of the same weights would be summed.
 
 Ranks are numbered server by server (rank = 2 x stage + position), which makes
 :func:`parlab.comm.topology.gpu_name` give exactly the figure's names.

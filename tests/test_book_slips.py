@@ -1,0 +1,195 @@
+"""The book's slips that chapters 03 and 04 name, each asserted against an independent reference:
+the book's own step lists, closed-form counts, or sizes computed by hand here, never the
+package's output fed back into itself."""
+import math
+
+import pytest
+
+from parlab.pipeline import (BOOK_STEPS, Network, execute, one_action_per_slot, schedule,
+                             simulate, slot_count, work_percent)
+
+
+# --------------------------------------------------------------------------- chapter 03
+
+@pytest.fixture(scope="module")
+def book():
+    return simulate(schedule("book", stages=4, microbatches=4))
+
+
+def _book_text_counts():
+    """Actions and busy (GPU, step) slots as the chapter's own step lists give them."""
+    actions = sum(len(step.compute) for step in BOOK_STEPS)
+    busy = sum(len({entry.split()[0] for entry in step.compute}) for step in BOOK_STEPS)
+    return actions, busy
+
+
+def test_the_books_schedule_packs_32_actions_into_28_busy_slots(book):
+    actions, busy = _book_text_counts()
+    p, m = 4, 4
+    assert actions == 2 * p * m == 32  # a forward and a backward per stage and micro-batch
+    assert busy == 28
+    count = slot_count(book)
+    assert (count.actions, count.busy_slots, count.doubled_slots) == (actions, busy, 4)
+    assert count.slots == p * 11 and count.steps == 11
+
+
+def test_gpipe_and_1f1b_use_one_busy_slot_per_action():
+    for name in ("gpipe", "1f1b"):
+        count = slot_count(simulate(schedule(name, 4, 4)))
+        assert count.actions == count.busy_slots == 32 and count.doubled_slots == 0
+
+
+def test_active_percentages_hide_the_doubled_work(book):
+    # per step, actions as a share of 4 GPUs, from the chapter's own lists
+    expected = [100 * len(step.compute) / 4 for step in BOOK_STEPS]
+    assert work_percent(book) == expected
+    hidden = [i + 1 for i, (w, a) in enumerate(zip(work_percent(book), book.active_percent))
+              if w != a]
+    assert hidden == [5, 6, 7]  # B2 doubles in steps 5-7, B1 too in step 6
+    assert work_percent(book)[5] == 100 and book.active_percent[5] == 50
+
+
+@pytest.mark.parametrize("p,m", [(4, 4), (4, 8), (2, 4), (3, 7), (8, 16)])
+def test_one_action_per_slot_takes_the_book_as_long_as_gpipe(p, m):
+    serial = simulate(one_action_per_slot(schedule("book", p, m)))  # simulate checks it runs
+    assert serial.steps == 2 * (m + p - 1)  # GPipe's and 1F1B's length
+    assert math.isclose(serial.bubble_fraction, (p - 1) / (m + p - 1))
+    count = slot_count(serial)
+    assert count.actions == count.busy_slots == 2 * p * m and count.doubled_slots == 0
+
+
+def test_one_action_per_slot_gives_14_steps_for_the_chapters_example():
+    assert simulate(one_action_per_slot(schedule("book", 4, 4))).steps == 14
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_one_action_per_slot_keeps_schedules_without_doubled_steps(name, v):
+    sched = schedule(name, 4, 8, v)
+    assert one_action_per_slot(sched).pipeline_order == sched.pipeline_order
+
+
+def test_one_action_per_slot_refuses_what_is_not_a_schedule():
+    with pytest.raises(ValueError, match="needs a Schedule"):
+        one_action_per_slot({0: ["0F0"]})
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 4, 2), (2, 4, 2), (4, 12, 3), (8, 8, 2)])
+def test_interleaving_multiplies_messages_by_pv_minus_1_over_p_minus_1(p, m, v):
+    interleaved = len(simulate(schedule("interleaved", p, m, v)).transfers)
+    plain = len(simulate(schedule("1f1b", p, m)).transfers)
+    assert math.isclose(interleaved / plain, (p * v - 1) / (p - 1))
+    assert interleaved / plain > v
+
+
+def test_interleaving_messages_logged_by_real_ranks():
+    p, m, v = 4, 4, 2
+    run = execute(schedule("interleaved", p, m, v), Network(widths=(3,) + (4,) * 7 + (2,)),
+                  backend="toy")
+    assert run.traffic_matches
+    messages = len(run.traffic.records)
+    assert messages == 2 * m * (p * v - 1)  # every chunk boundary, each way, per micro-batch
+    assert messages / (2 * m * (p - 1)) == pytest.approx(7 / 3)
+
+
+# --------------------------------------------------------------------------- chapter 04
+
+from parlab.tensor_parallel import (  # noqa: E402  (the chapter 04 half of this file)
+    book_rounding, collective_calls, column_split_input, embedding_wire_bytes,
+    ffn_backward_sums, ffn_widths, gradient_shard_bytes, layer_memory, run_attention,
+    run_embedding, run_ffn, softmax_and_context
+)
+
+D, HEADS, BATCH, SEQ = 8, 2, 2, 5  # 5 tokens: no activation has the size of a weight
+
+
+@pytest.fixture(scope="module")
+def attention_runs():
+    return {name: run_attention(name, d_model=D, n_heads=HEADS, batch=BATCH, seq=SEQ,
+                                backend="toy") for name in ("book", "megatron")}
+
+
+def test_backward_collectives_carry_activation_gradients_not_weight_shards(attention_runs):
+    activation = BATCH * SEQ * D * 4          # X, Q, K and their gradients, fp32
+    weight_shard = D * (D // 2) * 4           # W_Q's (or W_O's) half on one of 2 GPUs
+    assert activation != weight_shard and activation != D * D * 4
+    for name, c in attention_runs.items():
+        calls = collective_calls(c.traffic["backward"])
+        assert calls and all(call.payload == activation for call in calls), name
+        assert sum(call.wire_bytes for call in calls) == c.total_bytes()["backward"]
+        shards = gradient_shard_bytes(c)
+        assert shards["q_proj.weight"] == shards["out_proj.weight"] == weight_shard
+    megatron = collective_calls(attention_runs["megatron"].traffic["backward"])
+    assert [c.op for c in megatron] == ["all_reduce"]  # Megatron's f: the input's gradient
+    book_ops = [c.op for c in collective_calls(attention_runs["book"].traffic["backward"])]
+    assert sorted(book_ops) == ["all_gather", "all_gather", "all_reduce", "all_reduce", "reduce"]
+
+
+def test_ffn_backward_all_reduces_input_errors_once_per_micro_batch():
+    sizes, batch, micro = (4, 6, 4, 2), 4, 2
+    rows = ffn_backward_sums(run_ffn(sizes=sizes, tensor=2, batch=batch, micro_batches=micro,
+                                     backend="toy"))
+    assert [r["layer"] for r in rows] == ["H1", "H2", "Out"]
+    for r, n_in, n_out in zip(rows, sizes, sizes[1:]):
+        assert r["all_reduces"] == micro  # one per micro-batch, not one per step
+        assert r["tensor_bytes"] == [batch // micro * n_in * 4]  # dLoss/d(stage input)
+        assert r["weight_shard_bytes"] == n_out // 2 * n_in * 4
+
+
+def test_one_gpt3_layer_fits_on_a_gpu_with_adam():
+    d = 12288
+    ffn = 2 * d * 4 * d + 4 * d + d  # fc1 and fc2 with biases
+    lm = layer_memory("GPT-3 175B", gpu_bytes=80e9, optimizer="adam", precision="bf16")
+    assert lm["ffn_parameters"] == ffn == 1_208_020_992
+    assert lm["ffn_state_bytes"] == 16 * ffn  # 2 + 2 + 4 + 8 bytes per parameter
+    assert lm["ffn_state_bytes"] / 1e9 == pytest.approx(19.3, abs=0.05)
+    assert lm["ffn_fits"] and lm["block_state_bytes"] < 80e9
+    assert lm["tp1"]["stages"] > lm["tp8"]["stages"]
+    assert lm["tp1"]["bubble"] == pytest.approx((lm["tp1"]["stages"] - 1)
+                                                / (8 + lm["tp1"]["stages"] - 1))
+
+
+def test_605_m_and_173_b_are_not_roundings_of_the_counts():
+    d, layers = 12288, 96
+    attention = 4 * d * d + 4 * d
+    block = attention + (8 * d * d + 5 * d) + 4 * d  # + two LayerNorms
+    r = book_rounding()
+    assert r["attention"] == attention and round(attention / 1e6) == 604 != 605
+    assert r["blocks"] == layers * block and round(layers * block / 1e9) == 174 != 173
+    assert round(layers * 1.8, 1) == 172.8 and round(layers * 1.8) == 173
+    assert r["blocks_from_rounded"] == pytest.approx(172.8e9)
+
+
+def test_a_column_split_weight_needs_the_whole_input():
+    errors = column_split_input(d_model=8, tokens=4, parts=2)
+    assert errors["whole_input"] < 1e-6 and errors["input_share"] > 1e-2
+    with pytest.raises(ValueError, match="parts"):
+        column_split_input(d_model=8, parts=3)
+
+
+def test_softmax_gives_weights_and_the_context_is_weights_times_v():
+    out = softmax_and_context(d_model=8, n_heads=2, batch=1, seq=4)
+    assert out["softmax_shape"] == (1, 2, 4, 4)  # per head: tokens x tokens
+    assert out["context_shape"] == (1, 4, 8)     # per token: d_model
+    assert out["rows_sum_to_one"] and out["context_equals_layer"]
+
+
+def test_a_transformer_ffn_has_one_hidden_layer_four_times_wider():
+    w = ffn_widths("GPT-3 175B")
+    assert w["transformer"] == (12288, 4 * 12288, 12288) and w["book_hidden_layers"] == 2
+
+
+def test_the_vocabulary_split_moves_less_than_broadcast_and_reduce():
+    n = 3
+    runs = {kind: run_embedding(kind, vocab=11, world_size=n, backend="toy")
+            for kind in ("broadcast", "vocab")}
+    vectors = runs["broadcast"].reference["output"].numel() * 4
+    broadcast = (n - 1) * vectors                      # ring broadcast
+    reduce = (n - 1) * vectors + (n - 1) * vectors / n  # reduce-scatter, then gather to root
+    all_reduce = 2 * (n - 1) * vectors
+    moved = {kind: sum(c.total_bytes().values()) for kind, c in runs.items()}
+    assert moved == {"broadcast": broadcast + reduce, "vocab": all_reduce}
+    assert (moved["vocab"], moved["broadcast"]) == (384, 448)
+    for ranks in (2, 3, 8, 64):
+        wire = embedding_wire_bytes(1000, ranks)
+        assert wire["vocab"]["total"] == 2 * (ranks - 1) * 1000
+        assert wire["vocab"]["total"] < wire["broadcast"]["total"]
