@@ -63,7 +63,7 @@ from parlab.memory.breakdown import (
 from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
 from parlab.memory.states import (
-    check_optimizer, check_positive, check_precision, check_zero, model_state_bytes
+    check_optimizer, check_positive, check_precision, check_split, check_zero, model_state_bytes
 )
 from parlab.models import BookMLP, get_config, TransformerConfig
 
@@ -71,7 +71,6 @@ __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min
            "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
            "describe_setup"]
 
-_positive = check_positive
 
 
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
@@ -113,7 +112,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
         if len(shape) != 2:
             raise ValueError(f"a transformer's input_shape is (batch, seq), got {input_shape!r}")
         batch, seq = shape
-        _positive("seq", seq)
+        check_positive("seq", seq)
         if seq > model.context:
             raise ValueError(f"seq={seq} exceeds {model.name}'s context of {model.context}")
     else:
@@ -121,12 +120,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
             raise ValueError(f"an MLP's input_shape is (batch,) or (batch, {model.sizes[0]}), "
                              f"got {input_shape!r}")
         batch, seq = shape[0], 1
-    _positive("batch", batch)
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
-        _positive(name, value)
-    if batch % (dp * microbatches):
-        raise ValueError(f"batch={batch} does not split into dp={dp} x microbatches="
-                         f"{microbatches} equal micro-batches")
+    check_split(batch, dp, tp, pp, microbatches)
     layers = model.n_layers if isinstance(model, TransformerConfig) else len(model.layers)
     if pp > layers:
         raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
@@ -167,7 +161,7 @@ def _stage_parameters(s: Setup, stage: int) -> int:
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None) -> Setup:
     """Validate the arguments of one micro-batch's activation count."""
     model = get_config(model) if isinstance(model, str) else model
-    _positive("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
+    check_positive("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, TransformerConfig) else (batch,)
     return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80, 0, recompute)
 
@@ -314,7 +308,7 @@ def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32
     cutting the activations of each replica; with ZeRO (``zero`` 1 to 3) it also shards the
     model states. ``recompute`` trades activations for compute (:func:`estimate`).
     """
-    _positive("max_tp", max_tp)
+    check_positive("max_tp", max_tp)
     s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
                       gpu_memory_gb, zero, recompute)
     if isinstance(s.model, nn.Module):

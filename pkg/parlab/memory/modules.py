@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from parlab.memory.breakdown import Breakdown, Setup
-from parlab.memory.states import check_positive, model_state_bytes, ModelStates
+from parlab.memory.states import check_split, model_state_bytes, ModelStates
 from parlab.memory.tracing import InputSpec, module_children, trace_module
 
 __all__ = ["module_setup", "stage_ranges", "estimate_module"]
@@ -78,12 +78,7 @@ def module_setup(model, input_shape, example_input, precision, optimizer, dp, tp
     """Check a module's job (the other arguments are already checked by ``resolve_setup``)."""
     inputs = _inputs(input_shape, example_input)
     batch = inputs[0].shape[0]
-    check_positive("batch", batch)
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
-        check_positive(name, value)
-    if batch % (dp * microbatches):
-        raise ValueError(f"batch={batch} does not split into dp={dp} x microbatches="
-                         f"{microbatches} equal micro-batches")
+    check_split(batch, dp, tp, pp, microbatches)
     if tp != 1:
         raise ValueError(f"tensor parallelism is modelled for transformer configs; use tp=1 "
                          f"for a torch.nn.Module ({type(model).__name__})")

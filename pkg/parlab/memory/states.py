@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "ZERO_STAGES", "Precision", "ModelStates",
-           "model_state_bytes", "check_zero", "check_precision", "check_optimizer",
+           "model_state_bytes", "check_zero", "check_precision", "check_optimizer", "check_split",
            "check_positive"]
 
 
@@ -75,6 +75,16 @@ def check_positive(name, value):
     """A ValueError naming ``name`` unless ``value`` is a positive int (a bool is not)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_split(batch, dp, tp, pp, microbatches) -> None:
+    """Positive degrees, and a global ``batch`` that splits into dp x microbatches equal parts."""
+    check_positive("batch", batch)
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
+        check_positive(name, value)
+    if batch % (dp * microbatches):
+        raise ValueError(f"batch={batch} does not split into dp={dp} x microbatches="
+                         f"{microbatches} equal micro-batches")
 
 
 def check_zero(zero) -> int:

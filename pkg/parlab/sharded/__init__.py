@@ -10,8 +10,8 @@ step by step, with the model-state bytes each rank held and the toy backend's lo
 :mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and :mod:`parlab.memory`.
 """
 
-from parlab.sharded.flat import all_gather_into, FlatShard, reduce_scatter_into
-from parlab.sharded.zero import check_optimizer, check_stage, make_optimizer, Zero
+from parlab.sharded.flat import all_gather_into, FlatShard, parameter_layers, reduce_scatter_into
+from parlab.sharded.zero import check_stage, make_optimizer, Zero
 from parlab.sharded.runs import (
     layer_values, local_batch, make_batch, make_model, RankResult, reference, ShardRun, ShardSpec,
     train, train_rank
@@ -20,8 +20,8 @@ from parlab.sharded.fsdp import fsdp_rank, train_fsdp
 from parlab.sharded.experiments import stage_table, STATE_PARTS
 from parlab.sharded.scaling import GLOBAL_TOKENS, ZERO_COLLECTIVES, zero_bytes_per_rank, zero_scaling
 
-__all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "Zero", "check_stage",
-           "check_optimizer", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
+__all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "parameter_layers", "Zero",
+           "check_stage", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
            "make_model", "make_batch", "local_batch", "layer_values", "train", "train_rank",
            "reference", "train_fsdp", "fsdp_rank", "ZERO_COLLECTIVES", "zero_bytes_per_rank",
            "zero_scaling", "GLOBAL_TOKENS", "stage_table", "STATE_PARTS"]

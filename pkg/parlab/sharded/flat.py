@@ -21,7 +21,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into"]
+__all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "parameter_layers"]
+
+
+def parameter_layers(model: nn.Module) -> list[nn.Module]:
+    """``model``'s children that have parameters: the layers that are sharded one by one."""
+    return [m for m in model.children() if any(True for _ in m.parameters())]
 
 
 def all_gather_into(output: torch.Tensor, shard: torch.Tensor, group=None) -> None:

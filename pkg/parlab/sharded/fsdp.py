@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parlab.launch import rank_device
+from parlab.sharded.flat import parameter_layers
 from parlab.sharded.runs import (
     launch_spec, local_batch, make_model, RankResult, ShardRun, ShardSpec
 )
@@ -47,7 +48,7 @@ def _slices(model) -> list[torch.Tensor]:
     :func:`train_fsdp` does that so the result compares with :func:`~parlab.sharded.reference`.
     """
     return [[_local(p).detach().cpu().clone() for p in m.parameters()]
-            for m in model.children() if any(True for _ in m.parameters())]
+            for m in parameter_layers(model)]
 
 
 def fsdp_rank(spec: ShardSpec) -> RankResult:
@@ -57,9 +58,8 @@ def fsdp_rank(spec: ShardSpec) -> RankResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     model = make_model(spec).to(device)
-    for layer in model.children():
-        if any(True for _ in layer.parameters()):
-            fully_shard(layer)
+    for layer in parameter_layers(model):
+        fully_shard(layer)
     fully_shard(model)
     optimizer = make_optimizer(spec.optimizer, model.parameters(), spec.lr)
     losses, slices, state = [], [], {}

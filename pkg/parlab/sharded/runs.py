@@ -20,7 +20,9 @@ from torch import nn
 
 from parlab.comm import run_with_traffic, TrafficLog
 from parlab.launch import rank_device, run
-from parlab.sharded.zero import check_optimizer, check_stage, make_optimizer, Zero
+from parlab.memory import check_optimizer
+from parlab.sharded.flat import parameter_layers
+from parlab.sharded.zero import check_stage, make_optimizer, Zero
 
 __all__ = ["ShardSpec", "RankResult", "ShardRun", "make_model", "make_batch", "local_batch",
            "layer_values", "train", "train_rank", "reference", "launch_spec"]
@@ -83,7 +85,7 @@ def local_batch(spec: ShardSpec, step: int, rank: int, world_size: int):
 def layer_values(model: nn.Module) -> list[torch.Tensor]:
     """Each layer's parameters end to end (weight then bias), as ``FlatShard`` lays them out."""
     return [torch.cat([p.detach().reshape(-1) for p in m.parameters()]).cpu()
-            for m in model.children() if any(True for _ in m.parameters())]
+            for m in parameter_layers(model)]
 
 
 @dataclass

@@ -29,22 +29,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parlab.memory import OPTIMIZERS, ZERO_STAGES
-from parlab.sharded.flat import FlatShard
+from parlab.memory import check_optimizer, ZERO_STAGES
+from parlab.sharded.flat import FlatShard, parameter_layers
 
-__all__ = ["Zero", "check_stage", "check_optimizer", "make_optimizer"]
+__all__ = ["Zero", "check_stage", "make_optimizer"]
 
 
 def check_stage(stage) -> int:
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage must be one of {list(ZERO_STAGES)}, got {stage!r}")
     return stage
-
-
-def check_optimizer(name) -> str:
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {list(OPTIMIZERS)}")
-    return name
 
 
 def make_optimizer(name: str, params, lr: float):
@@ -81,7 +75,7 @@ class Zero:
     def __init__(self, model: nn.Module, stage: int, optimizer: str = "adam", lr: float = 1e-2):
         self.stage = check_stage(stage)
         rank, world = dist.get_rank(), dist.get_world_size()
-        layers = [m for m in model.children() if any(True for _ in m.parameters())]
+        layers = parameter_layers(model)
         covered = sum(p.numel() for m in layers for p in m.parameters())
         if not layers or covered != sum(p.numel() for p in model.parameters()):
             layers = [model]          # parameters outside the children: one unit for all
