@@ -84,7 +84,7 @@ for stage in range(4):
 
 # %% [markdown]
 # The paper prints 120, 31.4, 16.6 and 1.9 GB: the same numbers, rounded. Stage 1 alone
-# removes three quarters of the memory, because the optimizer's 12 bytes are most of the 16.
+# removes most of the memory, because the optimizer's K bytes are most of the 16.
 #
 # ## 2. A layer cut into equal shards
 #
@@ -93,8 +93,7 @@ for stage in range(4):
 # Equal shards are what the two collectives of this chapter need: an **all-gather** puts
 # every rank's shard into everyone's full buffer, a **reduce-scatter** sums a full buffer
 # over the ranks and hands each rank only its own slice of the sum. FSDP pads the same way.
-# A `Linear(3, 3)` has 12 parameters; over 5 ranks each owns 3, and rank 4 owns only
-# padding:
+# A `Linear(3, 3)` over 5 ranks, whose parameters do not divide by 5, shows the padding:
 
 # %%
 layer = torch.nn.Linear(3, 3)
