@@ -231,14 +231,26 @@ print(ring.to_pandas().head(8).to_string(index=False))
 print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
 
 # %% [markdown]
-# The same log as tables: per rank, and per step. Every rank sends 6 messages of 16 bytes,
-# 96 bytes, which is 2(n-1)/n = 1.5 times the tensor, and every step keeps all four links
-# of the ring busy.
+# The same log as tables: per rank, and per step.
 
 # %%
-print(ring.per_rank().to_string())
+from parlab.viz import glue
+
+per_rank = ring.per_rank()
+print(per_rank.to_string())
 print()
 print(ring.per_step().to_string(index=False))
+sent = int(per_rank["sent"].max())
+glue("ring_messages", int(per_rank["messages sent"].max()))
+glue("ring_message_bytes", sent // int(per_rank["messages sent"].max()))
+glue("ring_sent", sent)
+glue("ring_ratio", sent / 64, ".1f")
+
+# %% [markdown]
+# Every rank sends <span data-glue="ring_messages">6</span> messages of
+# <span data-glue="ring_message_bytes">16</span> bytes, <span data-glue="ring_sent">96</span>
+# bytes, which is 2(n-1)/n = <span data-glue="ring_ratio">1.5</span> times the tensor, and
+# every step keeps all four links of the ring busy.
 
 # %% [markdown]
 # And as a picture: one panel per step, an arrow for each message.
@@ -253,12 +265,15 @@ show(steps_figure(ring, title="ring all_reduce of 64 bytes on 4 ranks", columns=
 # ### Ring or naive?
 # The **naive** algorithm sends every tensor to rank 0, which adds them up and sends the
 # sum back: only 2 steps, but rank 0 sends and receives (n-1) times the whole tensor.
-# With 4 ranks that is 3 x 64 = 192 bytes through one network card, against 96 for every
-# rank of the ring; with 1,000 GPUs it is 999 times the model, while the ring stays under 2.
+# With 4 ranks that is 3 x 64 = <span data-glue="naive_root_sent">192</span> bytes through
+# one network card, against <span data-glue="ring_sent">96</span> for every rank of the
+# ring; with 1,000 GPUs it is
+# 999 times the model, while the ring stays under 2.
 
 # %%
 _, naive = run_with_traffic(sum_gradients, 4, algorithm="naive")
 print(naive.per_rank().to_string())
+glue("naive_root_sent", int(naive.per_rank()["sent"][0]))
 show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks, bytes sent"))
 
 # %% [markdown]

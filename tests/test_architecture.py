@@ -25,7 +25,7 @@ PKG = REPO / "pkg" / "parlab"
 LAYERS = ["units", "launch", "comm", "models", "memory", "data_parallel", "sharded", "pipeline",
           "tensor_parallel", "hybrid", "viz", "exercises"]
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
-TOOLS = {"book", "figures"}
+TOOLS = {"book", "figures", "site"}
 TOP_LEVEL = {"__init__", "units"} | TOOLS
 MAX_LINES = 400
 

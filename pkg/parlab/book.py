@@ -2,7 +2,7 @@
 
     python -m parlab.book build [chapters/03_*.py ...]   .py -> executed .ipynb -> .py again
     python -m parlab.book check [--chapters DIR]         fail if a notebook and its .py differ
-    python -m parlab.book html [--chapters DIR] [--out build/html]   an HTML book of them
+    python -m parlab.book html [--chapters DIR] [--out build/html]   the book site (Sphinx)
 
 A maintainers' tool: readers never import it. It works from any directory: the chapters
 folder defaults to ``./chapters`` and the HTML edition to ``./build/html``.
@@ -15,7 +15,6 @@ outputs always come from the current code.
 from __future__ import annotations
 
 import argparse
-import html
 import re
 import sys
 import time
@@ -164,45 +163,11 @@ def build(sources: list[Path], timeout: int = 900) -> None:
 
 
 def to_html(out: Path, folder: Path | None = None) -> Path:
-    """Convert every executed chapter to HTML (figures inline, widgets' static renders in
-    place), link the pages with previous / contents / next bars, and write an index page."""
-    from nbconvert import HTMLExporter
+    """Build the HTML edition, a book site of the executed chapters (see :mod:`parlab.site`);
+    return its index page."""
+    from parlab.site import build_site
 
-    out.mkdir(parents=True, exist_ok=True)
-    exporter = HTMLExporter()
-    notebooks = chapters(folder)
-    pages = [out / nb.with_suffix(".html").name for nb in notebooks]
-    titles = [_title(nb) for nb in notebooks]
-    for i, notebook in enumerate(notebooks):
-        body, _ = exporter.from_filename(str(notebook))
-        links = ['<a href="index.html">contents</a>']
-        if i > 0:
-            links.insert(0, f'<a href="{pages[i - 1].name}">&larr; {html.escape(titles[i - 1])}</a>')
-        if i + 1 < len(notebooks):
-            links.append(f'<a href="{pages[i + 1].name}">{html.escape(titles[i + 1])} &rarr;</a>')
-        nav = ('<nav style="font-family:sans-serif;padding:8px 16px;border-bottom:1px solid #ccc">'
-               + " &middot; ".join(links) + "</nav>")
-        pages[i].write_text(re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1))
-    items = "".join(f'<li><a href="{p.name}">{html.escape(t)}</a></li>' for p, t in zip(pages, titles))
-    index = out / "index.html"
-    index.write_text(
-        "<!doctype html><meta charset='utf-8'><title>parlab</title>"
-        "<body style='font-family:sans-serif;max-width:50em;margin:2em auto'>"
-        "<h1>parlab: Parallelism Strategies in Deep Learning, executed</h1>"
-        "<p>The chapters with their stored outputs. Run them yourself in JupyterLab to move the "
-        f"widgets (see README).</p><ol>{items}</ol></body>")
-    return index
-
-
-def _title(notebook: Path) -> str:
-    import nbformat
-    nb = nbformat.read(notebook, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if line.startswith("# "):
-                    return line[2:].strip()
-    return notebook.stem
+    return build_site(Path(out), chapters(folder))
 
 
 def main(argv=None) -> int:
@@ -211,6 +176,9 @@ def main(argv=None) -> int:
     except FileNotFoundError as exc:
         print(f"python -m parlab.book: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, RuntimeError) as exc:  # prose that drifted, or Sphinx's warnings
+        print(f"python -m parlab.book: {exc}", file=sys.stderr)
+        return 1
     except ImportError as exc:
         print(f"python -m parlab.book needs the maintainers' tools ({exc.name} is missing): "
               f"pip install 'parlab[tools]', or the repository's requirements.txt",

@@ -88,7 +88,10 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def browser(lab):
+def browser():
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         chromium = p.chromium.launch(

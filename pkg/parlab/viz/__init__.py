@@ -1,7 +1,8 @@
 """Pictures and controls: the plots and the explorers. This layer draws only; it never computes.
 
 ``style`` (one colour per GPU and rank; ``show`` a figure once), ``registry`` (every figure
-under the book's numbering), ``explorer`` (the widget pattern), ``plots`` (one module of
+under the book's numbering), ``explorer`` (the widget pattern), ``glue`` (numbers for the
+prose), ``plots`` (one module of
 figures per chapter), ``widgets`` (one module of explorers per chapter). Imports any
 subpackage below it; nothing below imports it.
 """
@@ -9,5 +10,7 @@ subpackage below it; nothing below imports it.
 from parlab.viz.style import GPU_COLORS, rank_color, show
 from parlab.viz.registry import figure, registered
 from parlab.viz.explorer import explore, Explorer
+from parlab.viz.glue import glue, GLUE_PREFIX
 
-__all__ = ["GPU_COLORS", "rank_color", "show", "figure", "registered", "Explorer", "explore"]
+__all__ = ["GPU_COLORS", "rank_color", "show", "figure", "registered", "Explorer", "explore",
+           "glue", "GLUE_PREFIX"]

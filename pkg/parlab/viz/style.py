@@ -6,7 +6,7 @@ one GPU from figure to figure.
 
 from __future__ import annotations
 
-__all__ = ["GPU_COLORS", "RANK_COLORS", "rank_color", "show"]
+__all__ = ["GPU_COLORS", "RANK_COLORS", "rank_color", "show", "figure_title"]
 
 #: One colour per GPU name, used by every chapter so A1 looks the same everywhere.
 GPU_COLORS = {
@@ -22,15 +22,27 @@ def rank_color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
-def show(fig) -> None:
+def show(fig, caption: str | None = None) -> None:
     """Display a figure once and close it; return None so a notebook cell shows nothing more.
 
     A cell that ends with a Figure object shows it twice under nbval (which runs cells
     without history, so a trailing ``;`` does not hide the return value). Displaying
-    explicitly and closing avoids that everywhere.
+    explicitly and closing avoids that everywhere. ``caption`` (by default the figure's
+    title, :func:`figure_title`) travels in the output's metadata; the book site prints it
+    under the figure.
     """
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    display(fig)
+    caption = caption if caption is not None else figure_title(fig)
+    display(fig, metadata={"parlab": {"caption": caption}} if caption else None)
     plt.close(fig)
+
+
+def figure_title(fig) -> str:
+    """The figure's title: its suptitle, else the title of its only titled axes, else ""."""
+    suptitle = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""
+    if suptitle:
+        return " ".join(suptitle.split())
+    titles = [t for ax in fig.axes if (t := ax.get_title())]
+    return " ".join(titles[0].split()) if len(titles) == 1 else ""
