@@ -472,22 +472,54 @@ for name, c in evidence.items():
 # replica holds the same shard.
 
 # %% [markdown]
-# PyTorch's API issues its collectives through its own functional layer;
-# `FunctionalCollectives` reads them from PyTorch's dispatcher, which tells what each call
-# was handed, and the ring formula turns that into bytes on the wire, the same as logged:
+# PyTorch's API issues its collectives through its own functional layer, and PyTorch ships
+# its own debugging view of them: `CommDebugMode` (`torch.distributed.tensor.debug`, the
+# tool its tensor-parallel tutorials use). Held open over the forward and the backward
+# pass, it catches each collective in PyTorch's dispatcher and counts it against the module
+# that was running, in the forward or the backward pass. Its table for the DTensor
+# attention on A1, at noise level 0 (collectives only; higher levels add every DTensor
+# operation with its shapes and placements):
 
 # %%
-pytorch_calls = attention["pytorch"].info["collectives"]
-print(pytorch_calls)
-print("on the wire (ring, 2 GPUs):", collective_wire_bytes(pytorch_calls, 2))
-print("logged by the toy backend:  ", attention["pytorch"].total_bytes())
+print(attention["pytorch"].info["comm_table"])
 
 # %% [markdown]
-# The same as Megatron: one all-reduce of X's size each way. (That takes one detail:
+# `Global` counts everything inside the mode, `SelfAttention` the layer, and below it the
+# four projections. The forward all-reduce belongs to `out_proj`: `RowwiseParallel` sums
+# the partial outputs of W_O, Megatron's `g`. The backward one is filed under `q_proj`,
+# but it is not q_proj's own: it sums the input gradients of all three projections at the
+# layer's input (Megatron's `f`). CommDebugMode files a backward collective under the
+# module whose backward pass began last, and q_proj's, the first projection of the forward
+# pass, is the last to begin.
+#
+# CommDebugMode counts calls, not bytes. `CommBytes`, parlab's subclass of it, counts the
+# same way and also keeps the size of the tensor each call was handed; the ring formula
+# turns those into bytes on the wire. Both agree with the toy backend's log, which saw the
+# same collectives as messages between the GPUs:
+
+# %%
+pytorch = attention["pytorch"]
+pytorch_calls = pytorch.info["collectives"]
+print(pytorch_calls)
+for phase, counts in pytorch.info["comm_counts"].items():
+    print(f"{phase:<8}  CommDebugMode counted {sum(counts.values())} collective(s); "
+          f"the toy log shows {len(collective_calls(pytorch.traffic[phase]))}")
+print("on the wire (ring, 2 GPUs):", collective_wire_bytes(pytorch_calls, 2))
+print("logged by the toy backend:  ", pytorch.total_bytes())
+
+# %% [markdown]
+# The same as Megatron: one all-reduce of X's size each way. That takes one detail:
 # declaring the attention module's input replicated with `PrepareModuleInput`, so the three
 # projections' input gradients are added up before a single all-reduce. Without it, each
-# `ColwiseParallel` all-reduces its own, three all-reduces in the backward pass.)
-#
+# `ColwiseParallel` all-reduces its own input gradient, as CommDebugMode's table shows,
+# module by module:
+
+# %%
+unprepared = run_attention("pytorch", backend="toy", prepare_input=False)
+print(unprepared.summary())
+print(unprepared.info["comm_table"])
+
+# %% [markdown]
 # The book's forward and backward passes, step by step, with the bytes of each collective
 # as the toy backend logged them:
 

@@ -35,7 +35,7 @@ from parlab.tensor_parallel.counting import (
     parameter_memory, slide_costs, strategy_bytes, total
 )
 from parlab.tensor_parallel.runs import (
-    ATTENTION_VARIANTS, collective_wire_bytes, Comparison, FunctionalCollectives, merge_grads,
+    ATTENTION_VARIANTS, collective_wire_bytes, CommBytes, Comparison, merge_grads,
     reference_attention, run_attention, run_ffn
 )
 from parlab.tensor_parallel.book import (
@@ -59,7 +59,7 @@ __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "ev
            "parameter_memory", "embedding_table", "SLIDE_FORMULAS", "slide_costs",
            "attention_bytes", "strategy_bytes", "ffn_bytes", "total", "ATTENTION_VARIANTS",
            "Comparison", "run_attention", "reference_attention", "run_ffn", "merge_grads",
-           "FunctionalCollectives", "collective_wire_bytes", "run_mlp", "run_embedding",
+           "CommBytes", "collective_wire_bytes", "run_mlp", "run_embedding",
            "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "mlp_rank", "embedding_rank",
            "strategy_rank", "CollectiveCall", "collective_calls", "calls_table",
            "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",

@@ -5,7 +5,9 @@ and get back everything it needs to show: the output, the gradients of every wei
 of the input (merged from the ranks' pieces), the same from the single-device layer, and,
 on the toy backend, every transfer split into forward and backward. The layers live in
 :mod:`parlab.tensor_parallel.layers`, :mod:`parlab.tensor_parallel.attention` and :mod:`parlab.tensor_parallel.ffn`; this module
-only runs them and packages what happened.
+only runs them and packages what happened. For PyTorch's DTensor layer, :class:`CommBytes`
+(PyTorch's own ``CommDebugMode``, plus each collective's bytes) says which collectives it
+issued, from which module, in which pass.
 
 Each experiment has a ``*_rank`` function (what one rank does; picklable, so
 :func:`parlab.launch.run` can ship it) and a ``run_*`` function for the notebook.
@@ -14,10 +16,13 @@ Each experiment has a ``*_rank`` function (what one rank does; picklable, so
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._pytree import tree_leaves
 
 from parlab.comm.toy import transfers
 from parlab.launch import run
@@ -25,7 +30,7 @@ from parlab.tensor_parallel.sharding import _positive, check_degree, merge
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
            "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
-           "merge_grads", "max_difference", "FunctionalCollectives", "collective_wire_bytes"]
+           "merge_grads", "max_difference", "CommBytes", "collective_wire_bytes"]
 
 #: The three ways chapter 04 splits self-attention across ranks.
 ATTENTION_VARIANTS = {
@@ -61,44 +66,69 @@ class _Phases:
                 for name, a, b in zip(names, self.marks, self.marks[1:])}
 
 
-_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+# --------------------------------------------------------------------------- collectives seen
+
+_ANSI = re.compile(r"\x1B\[[0-?]*[ -/]*[@-~]")  # the colour codes in CommDebugMode's table
+_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+        "gather", "scatter")  # "allreduce" before "reduce": the first name a call contains wins
 
 
-class FunctionalCollectives:
-    """Record the functional collectives (what PyTorch's DTensor issues) and their payload bytes.
+class CommBytes(CommDebugMode):
+    """PyTorch's ``CommDebugMode``, which also keeps each collective's payload bytes.
 
-    ``with FunctionalCollectives() as seen: ...`` then ``seen.records`` holds ``(op, bytes)``
-    per collective, bytes being the size of the tensor handed to it. PyTorch's API runs its
-    collectives through the dispatcher (``_c10d_functional``); this hook reads them there,
-    on any backend. On the toy backend the same collectives also land in the traffic log,
-    as every transfer on the wire, so the two can be checked against each other.
+    ``with CommBytes() as comm: ...`` counts the collectives run inside it exactly as
+    ``torch.distributed.tensor.debug.CommDebugMode`` does (``get_comm_counts()``, per module
+    and pass in ``comm_module_counts``, :meth:`table`), and also keeps ``records``:
+    ``(op, payload bytes)`` per collective in call order, ``op`` named as
+    :func:`parlab.comm.ring_wire_bytes` names it and the payload being the whole tensor (what
+    an all-reduce sums, what an all-gather assembles, what a reduce-scatter is handed).
+    ``phases[i]`` says whether ``records[i]`` ran in the forward or the backward pass, as
+    CommDebugMode's module tracker saw it. DTensor issues its collectives through the
+    dispatcher (``_c10d_functional``), where this mode reads them, on any backend.
     """
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        outer = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                from torch.distributed.tensor import DTensor
-                if any(issubclass(t, DTensor) for t in types):
-                    return NotImplemented  # let DTensor turn itself into plain collectives
-                out = func(*args, **(kwargs or {}))
-                name = func.__name__.split(".")[0]
-                if func.namespace == "_c10d_functional" and name.startswith(_COLLECTIVES):
-                    outer.records.append((name.replace("_into_tensor", ""), args[0].nbytes))
-                return out
-
+        super().__init__()
         self.records: list[tuple[str, int]] = []
-        self._mode = _Mode()
+        self.phases: list[str] = []
 
     def __enter__(self):
-        self._mode.__enter__()
-        return self
+        self.records.clear()  # CommDebugMode clears its counts on entering
+        self.phases.clear()
+        return super().__enter__()
 
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        counted = self.get_total_counts()
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.get_total_counts() > counted:  # CommDebugMode counted it: a collective
+            squashed = func._overloadpacket.__name__.replace("_", "")
+            op = next((o for o in _OPS if o.replace("_", "") in squashed), squashed)
+            sizes = [sum(t.nbytes for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+                     for x in (args[0], out)]
+            self.records.append((op, max(sizes)))
+            self.phases.append("backward" if self.advanced_module_tracker.is_bw else "forward")
+        return out
+
+    def by_phase(self) -> dict:
+        """``{"forward": [(op, bytes)], "backward": [...]}``, each in call order."""
+        return {phase: [r for r, p in zip(self.records, self.phases) if p == phase]
+                for phase in ("forward", "backward")}
+
+    def phase_counts(self) -> dict:
+        """CommDebugMode's own counts per pass: ``{phase: {op name: count}}`` (all modules)."""
+        every = self.comm_module_counts["Global"]
+        return {phase: {str(op): n for op, n in every[phase].items()}
+                for phase in ("forward", "backward")}
+
+    def table(self, noise_level: int = 0) -> str:
+        """CommDebugMode's tracing table, module by module, as plain text (no colour codes).
+
+        ``noise_level`` 0 lists the collectives each module ran forward and backward;
+        1 adds every DTensor operation with its shapes and placements, 2 and 3 more.
+        """
+        if isinstance(noise_level, bool) or noise_level not in (0, 1, 2, 3):
+            raise ValueError(f"noise_level must be 0, 1, 2 or 3, got {noise_level!r}")
+        return _ANSI.sub("", self.generate_comm_debug_tracing_table(noise_level)).rstrip()
 
 
 def collective_wire_bytes(collectives: dict, n: int) -> dict:
@@ -243,20 +273,21 @@ def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, s
     else:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
     x.requires_grad_()
-    phases, seen = _Phases(), {}
-    watch = FunctionalCollectives if variant == "pytorch" else contextlib.nullcontext
-    phases.mark()
-    with watch() as seen["forward"]:
+    phases = _Phases()
+    comm = CommBytes() if variant == "pytorch" else None  # PyTorch's view of DTensor's calls
+    with comm if comm is not None else contextlib.nullcontext():
+        phases.mark()
         out = layer(x)
-    phases.mark()
-    with watch() as seen["backward"]:
+        phases.mark()
         (out * weight).sum().backward()
-    phases.mark()
+        phases.mark()
     grads = (layer.local_grads() if variant != "pytorch" else tpa.dtensor_local_grads(layer))
+    seen = ({"collectives": comm.by_phase(), "comm_counts": comm.phase_counts(),
+             "comm_table": comm.table(0)} if comm is not None else
+            {"collectives": None, "comm_counts": None, "comm_table": None})
     return {"output": out.detach().clone(), "x.grad": x.grad, "grads": grads,
             "specs": {name: spec for name, (_, spec) in grads.items()},
-            "traffic": phases.result(),
-            "collectives": {phase: getattr(mode, "records", None) for phase, mode in seen.items()}}
+            "traffic": phases.result(), **seen}
 
 
 def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int = 2, seq: int = 4,
@@ -267,7 +298,10 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     The input's gradient is the one on rank 0 (A1), which for the book's variant is the only
     rank that holds the embeddings. ``grad_sync`` applies to the book's variant (see
     :class:`parlab.tensor_parallel.attention.BookAttention`), ``prepare_input`` to PyTorch's (see
-    :func:`parlab.tensor_parallel.attention.dtensor_attention`).
+    :func:`parlab.tensor_parallel.attention.dtensor_attention`). For PyTorch's variant,
+    ``info`` holds what :class:`CommBytes` saw on rank 0: ``collectives`` (``{phase: [(op,
+    payload bytes)]}``), ``comm_counts`` (CommDebugMode's ``{phase: {op: count}}``) and
+    ``comm_table`` (its table at noise level 0, plain text); for the others they are None.
     """
     from parlab.tensor_parallel.attention import _check_grad_sync, _check_heads
     if variant not in ATTENTION_VARIANTS:
@@ -290,7 +324,8 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     reference = reference_attention(d_model, n_heads, batch, seq, causal, seed)
     return Comparison(variant, parallel, reference, phase_split(results),
                       {"specs": [r["specs"] for r in results], "world_size": world_size,
-                       "collectives": results[0]["collectives"]})
+                       **{key: results[0][key]
+                          for key in ("collectives", "comm_counts", "comm_table")}})
 
 
 # --------------------------------------------------------------------------- Figure 8-19
