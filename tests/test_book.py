@@ -58,9 +58,11 @@ def test_rebuilt_notebooks_keep_their_cell_and_widget_ids(tmp_path):
     for cell in new.cells:  # jupytext gives every cell of a freshly read .py a new id
         cell.id = uuid.uuid4().hex[:8]
     new.cells.insert(1, nbformat.v4.new_markdown_cell("a new cell"))
-    book._keep_cell_ids(new, previous)
-    assert [new.cells[0].id, new.cells[2].id] == [c.id for c in old.cells]
-    assert new.cells[1].id not in {c.id for c in old.cells}
+    new.cells[2].source += "  # edited"  # jupytext's merge still matches it, by position
+    merged = book._with_previous(new, previous)
+    assert [merged.cells[0].id, merged.cells[2].id] == [c.id for c in old.cells]
+    assert merged.cells[1].id not in {c.id for c in old.cells}
+    assert merged.cells[2].source.endswith("# edited") and "widgets" not in merged.metadata
 
 
 def test_every_exercise_waits_for_an_answer_and_rejects_a_wrong_one():

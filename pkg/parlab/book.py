@@ -76,23 +76,22 @@ def _comparable(text: str) -> str:
     return re.sub(r"(?m)^#\s+jupytext_version: .*\n", "", text)
 
 
-def _keep_cell_ids(notebook, previous: Path) -> None:
-    """Give each cell the id it had in the previous build when its type and source are
-    unchanged, so a rebuild's diff shows the cells that changed, not a new id on every cell."""
+def _with_previous(notebook, previous: Path):
+    """The freshly read chapter, with each cell's id and metadata from the previous build
+    where jupytext matches the cell (``--update``'s own merge), so a rebuild's diff shows
+    the cells that changed, not a new id on every cell. Jupytext lacks the rest of a build:
+    execution without per-cell timestamps and with a cell timeout, and stable widget ids."""
     import nbformat
+    from jupytext.combine import combine_inputs_with_outputs
 
     if not previous.exists():
-        return
-    old_ids: dict[tuple[str, str], list[str]] = {}
-    for cell in nbformat.read(previous, as_version=4).cells:
-        if "id" in cell:
-            old_ids.setdefault((cell.cell_type, cell.source), []).append(cell.id)
-    for cell in notebook.cells:
-        ids = old_ids.get((cell.cell_type, cell.source))
-        if ids:
-            cell.id = ids.pop(0)
-    if len({cell.id for cell in notebook.cells}) != len(notebook.cells):
+        return notebook
+    merged = combine_inputs_with_outputs(notebook, nbformat.read(previous, as_version=4),
+                                         fmt=PAIR_FORMAT)
+    merged.metadata.pop("widgets", None)  # the run writes the widgets' state afresh
+    if len({cell.id for cell in merged.cells}) != len(merged.cells):
         raise RuntimeError(f"duplicate cell ids after reusing those of {previous.name}")
+    return merged
 
 
 def _stable_widget_ids(notebook, seed: str):
@@ -148,7 +147,7 @@ def build(sources: list[Path], timeout: int = 900) -> None:
         notebook.metadata.setdefault("kernelspec", {
             "display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"})
         target = source.with_suffix(".ipynb")
-        _keep_cell_ids(notebook, target)
+        notebook = _with_previous(notebook, target)
         started = time.monotonic()
         # no per-cell timestamps: a rebuild then changes only what the code changed
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
