@@ -27,8 +27,9 @@ def _missing() -> str:
         return f"Chromium not found at {CHROMIUM} (apt-get install chromium; .ci/run does)"
     try:
         import playwright.sync_api  # noqa: F401
+        import pytest_playwright  # noqa: F401
     except ImportError:
-        return "Python playwright not installed (pip install -r requirements.txt)"
+        return "playwright or pytest-playwright not installed (pip install -r requirements.txt)"
     return ""
 
 
@@ -87,17 +88,19 @@ def lab(tmp_path_factory):
         log.close()
 
 
+# pytest-playwright's fixtures (browser, context, page; --screenshot only-on-failure,
+# --tracing retain-on-failure) drive Debian's Chromium: Playwright's own download is not used.
 @pytest.fixture(scope="session")
-def browser():
+def browser_type_launch_args(browser_type_launch_args):
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync"])
-        yield chromium
-        chromium.close()
+    return {**browser_type_launch_args, "executable_path": CHROMIUM,
+            "args": ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update",
+                     "--disable-sync"]}
+
+
+@pytest.fixture(scope="session")
+def browser_context_args(browser_context_args):
+    return {**browser_context_args, "viewport": {"width": 1400, "height": 1000}}

@@ -123,52 +123,48 @@ def _move_one_control(page):
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_chapter_runs_in_jupyterlab(lab, browser, name):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    try:
-        _open(page, lab, name)
-        _run_all(page)
-        notebook = _save_and_read(page, lab, name)
-        errors = [o for c in notebook["cells"] for o in c.get("outputs", [])
-                  if o.get("output_type") == "error"]
-        assert errors == [], f"{name}: cell errors {[(e['ename'], e['evalue']) for e in errors]}"
-        assert page.query_selector_all(".jp-RenderedImage img"), f"{name}: no figure rendered"
-        # every chapter has at least one explorer, and one of its controls must work
-        assert page.query_selector_all(".widget-vbox .widget-output"), f"{name}: no explorer"
-        before = _explorer_outputs(page)
-        moved = _move_one_control(page)
-        page.wait_for_function(
-            "before => { const now = [...document.querySelectorAll("
-            "'.widget-vbox .widget-output')].map(e => e.innerText + '|' + "
-            "e.querySelectorAll('img').length); return JSON.stringify(now) !== "
-            "JSON.stringify(before); }", arg=before, timeout=60_000)
-        try:  # let the redrawn figure arrive before the screenshot
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.jp-Cell[data-moved] .widget-output img')]"
-                ".length > 0", timeout=15_000)
-        except Exception:
-            pass  # an explorer may print text only
-        after = _explorer_outputs(page)
-        assert after != before, f"{name}: moving a {moved} changed no explorer's output"
-        ink = page.evaluate(INK)
-        if ink["still"] and ink["live"]:
-            assert ink["live"][0] >= 0.5 * ink["still"][0], \
-                f"{name}: the redrawn figure is blank or half drawn: {ink}"
-        if name in WIDGET_TEXT:
-            assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
-        # the moved explorer (its outermost box: controls and the redrawn output)
-        box = page.query_selector(".jp-Cell[data-moved] .jp-OutputArea-output .widget-vbox")
-        box.evaluate("e => e.scrollIntoView({block: 'start'})")
+def test_chapter_runs_in_jupyterlab(lab, page, name):
+    _open(page, lab, name)
+    _run_all(page)
+    notebook = _save_and_read(page, lab, name)
+    errors = [o for c in notebook["cells"] for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert errors == [], f"{name}: cell errors {[(e['ename'], e['evalue']) for e in errors]}"
+    assert page.query_selector_all(".jp-RenderedImage img"), f"{name}: no figure rendered"
+    # every chapter has at least one explorer, and one of its controls must work
+    assert page.query_selector_all(".widget-vbox .widget-output"), f"{name}: no explorer"
+    before = _explorer_outputs(page)
+    moved = _move_one_control(page)
+    page.wait_for_function(
+        "before => { const now = [...document.querySelectorAll("
+        "'.widget-vbox .widget-output')].map(e => e.innerText + '|' + "
+        "e.querySelectorAll('img').length); return JSON.stringify(now) !== "
+        "JSON.stringify(before); }", arg=before, timeout=60_000)
+    try:  # let the redrawn figure arrive before the screenshot
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-Cell[data-moved] .widget-output img')]"
-            ".every(i => i.complete && i.naturalWidth > 0)", timeout=15_000)
-        time.sleep(1.0)  # let the browser paint the decoded image
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        area = box.bounding_box()
-        viewport = page.viewport_size
-        area["height"] = min(area["height"], viewport["height"] - area["y"])
-        page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")), clip=area)
-        page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", ".png")))
-    finally:
-        context.close()
+            ".length > 0", timeout=15_000)
+    except Exception:
+        pass  # an explorer may print text only
+    after = _explorer_outputs(page)
+    assert after != before, f"{name}: moving a {moved} changed no explorer's output"
+    ink = page.evaluate(INK)
+    if ink["still"] and ink["live"]:
+        assert ink["live"][0] >= 0.5 * ink["still"][0], \
+            f"{name}: the redrawn figure is blank or half drawn: {ink}"
+    if name in WIDGET_TEXT:
+        assert any(re.search(WIDGET_TEXT[name], text) for text in after), after
+    # the moved explorer (its outermost box: controls and the redrawn output)
+    box = page.query_selector(".jp-Cell[data-moved] .jp-OutputArea-output .widget-vbox")
+    box.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-Cell[data-moved] .widget-output img')]"
+        ".every(i => i.complete && i.naturalWidth > 0)", timeout=15_000)
+    time.sleep(1.0)  # let the browser paint the decoded image
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    area = box.bounding_box()
+    viewport = page.viewport_size
+    area["height"] = min(area["height"], viewport["height"] - area["y"])
+    page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-widget.png")), clip=area)
+    page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", ".png")))
+
