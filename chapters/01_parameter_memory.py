@@ -232,31 +232,68 @@ memory_explorer(model="GPT-3 175B", precision="bf16", optimizer="adam", batch=8,
 # A published configuration first. `from_hf_config` reads a Hugging Face `config.json`
 # (a dict, or the path to the file; the GPT-2 and Llama families, grouped-query attention,
 # SwiGLU, RMSNorm, rotary positions, tied or untied embeddings). The fields of a few
-# published ones are in `HF_PRESETS`; paste your own dict in their place.
+# published ones are in `HF_PRESETS`; paste your own dict in their place. `memory.estimate`
+# and `memory.min_gpus` take the config itself (or its name, or the dict, or the path) and
+# count it in closed form, operation by operation as for our GPT, so tensor parallelism
+# works too: each of the tp GPUs holds its share of every layer's heads and feed-forward
+# width.
 
 # %%
 import time
 
 import torch
+import torch.nn.functional as F
 
 from parlab.models import HF_PRESETS, from_hf_config
 
 llama = from_hf_config(HF_PRESETS["Llama-3-8B"], name="Llama-3-8B")
 print(llama)
 print(f"{count_parameters(llama)['total']:,} parameters")
-on_meta = build_model(llama, device="meta")          # no memory: shapes only
-ids = torch.zeros((8, 2048), dtype=torch.long, device="meta")   # 8 sequences of 2048 tokens
-for dp, zero, recompute in ((1, 0, None), (8, 0, None), (8, 3, "full")):
-    b = memory.estimate(on_meta, example_input=ids, optimizer="adam", precision="bf16",
-                        dp=dp, zero=zero, recompute=recompute)
-    print(f"\n{dp} GPU(s), ZeRO stage {zero}, recompute {recompute}:")
+job = dict(input_shape=(8, 2048), optimizer="adam", precision="bf16")  # 8 sequences of 2048
+for dp, tp, zero, recompute in ((1, 1, 0, None), (8, 1, 0, None), (8, 1, 3, "full"),
+                                (1, 8, 0, None)):
+    b = memory.estimate(llama, **job, dp=dp, tp=tp, zero=zero, recompute=recompute)
+    print(f"\ndata {dp} x tensor {tp}, ZeRO stage {zero}, recompute {recompute}: "
+          f"fits on one 80 GB GPU? {b.fits}")
     print(b.table())
+print()
+print(memory.min_gpus(llama, **job))
 
 # %% [markdown]
 # On one GPU the model states alone (16 bytes per parameter) are more than 80 GB. Over 8
 # data-parallel GPUs each one still holds them all; sharding them (ZeRO stage 3, chapter
-# 06) and recomputing activations (also chapter 06) brings it under.
+# 06) and recomputing activations (also chapter 06) brings it under. Tensor parallelism
+# over 8 GPUs (chapter 04) divides the weights and most activations instead.
 #
+# The closed form is checked against a trace of the same model. Built on PyTorch's `meta`
+# device it holds no memory, and the trace counts what autograd saves, knowing nothing of
+# the formula. Given the same loss (cross-entropy) the two differ only by the token ids,
+# which the trace leaves out because the input exists anyway.
+
+# %%
+on_meta = build_model(llama, device="meta")          # no memory: shapes only
+ids = torch.zeros((8, 2048), dtype=torch.long, device="meta")
+
+
+def next_token_loss(logits, ids):
+    """Cross-entropy against the next token (ids shifted by one), as the closed form counts."""
+    return F.cross_entropy(logits.flatten(0, 1), ids.roll(-1, dims=1).flatten())
+
+
+start = time.perf_counter()
+traced = memory.estimate(on_meta, example_input=ids, optimizer="adam", precision="bf16",
+                         loss_fn=next_token_loss)
+seconds = time.perf_counter() - start
+closed = memory.estimate(llama, **job)
+print(f"activations, closed form: {closed.activations:>15,} B")
+print(f"activations, traced:      {traced.activations:>15,} B, + token ids "
+      f"{ids.numel() * 8:,} B = {traced.activations + ids.numel() * 8:,} B")
+states = [part for part in closed.parts() if part != "activations"]
+print(f"parameters, gradients, optimizer state, master weights equal: "
+      f"{all(getattr(closed, p) == getattr(traced, p) for p in states)}")
+print(f"8 B parameters traced in under 30 s: {seconds < 30}")
+
+# %% [markdown]
 # Then a model defined right here, one this package knows nothing about: a small tagger
 # with an embedding, a two-layer LSTM and a linear head. At this size it can also be
 # *measured*: `memory.measure` with the same arguments runs real training steps and counts

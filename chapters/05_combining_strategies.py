@@ -31,7 +31,8 @@
 #    computes;
 # 3. let a planner choose the layout of GPT-3 175B on 1,024 GPUs of 80 GB: every way to write
 #    1,024 = data x tensor x pipeline, its memory per GPU, its time per step, and where each
-#    rank sits on a rail-optimized cluster;
+#    rank sits on a rail-optimized cluster; then plan Llama-3-8B, or your own `config.json`,
+#    with activation recomputation on and off;
 # 4. run a small 3D-parallel job for real: 8 ranks, data 2 x tensor 2 x pipeline 2, equal to
 #    one-process training, with every message labelled by its group and link;
 # 5. solve four exercises.
@@ -213,6 +214,65 @@ print("links per group:", best.links)
 from parlab.viz.plots import placement_figure
 
 show(placement_figure(2, 4, 4))
+
+# %% [markdown]
+# ### Your model on your cluster
+#
+# The planner takes any model that chapter 01's calculator counts in closed form: one of
+# our GPT configs, a Llama-style config, a preset's name, or a Hugging Face `config.json`
+# (the dict, or the path of the file). Here is Llama-3-8B on 64 GPUs of 80 GB, training on
+# 512 sequences of 8,192 tokens per step. Three things about it change the answer:
+#
+# * grouped-query attention: 32 query heads share 8 key/value heads, so the tensor degree
+#   must divide 8 as well (Megatron-LM can replicate key/value heads beyond that; the
+#   planner does not model it);
+# * its attention is a fused kernel that keeps no T x T probabilities, so at 8,192 tokens
+#   the activations grow with the sequence, not its square;
+# * long sequences make the activations large next to 8 B parameters.
+#
+# `recompute=(None, "full")` tries every layout twice: keeping all activations, and with
+# full recomputation (chapter 06), where each block keeps only its input and runs its
+# forward pass again during the backward pass. The extra forward work appears in the
+# table's `recompute s` column; it counts as time but not as useful work in the MFU.
+
+# %%
+from parlab.hybrid import table
+
+llama = search("Llama-3-8B", 64, 80, global_batch=512, seq=8192, recompute=(None, "full"))
+print(llama.summary())
+fastest = {}
+for r in (None, "full"):
+    fitting = [lay for lay in llama.ranked if lay.recompute == r]
+    fastest[r] = fitting[0]
+    narrowest = min(lay.tp * lay.pp for lay in fitting)
+    print(f"\nrecompute {r or 'off'}: {len(fitting)} layouts fit, the narrowest uses "
+          f"{narrowest} GPUs per model copy; the fastest:")
+    print(table(fitting, 5))
+slower = fastest["full"].step_time_s / fastest[None].step_time_s - 1
+print(f"\nthe fastest with full recompute is {100 * slower:.0f} % slower than without")
+
+# %% [markdown]
+# Without recomputation the activations of a few 8,192-token micro-batches decide the
+# layout: a model copy must be spread over several GPUs, by tensor or pipeline
+# parallelism, for them to fit next to the weights, gradients and Adam state. With full
+# recomputation each block keeps only its input, so narrower copies fit and more GPUs go
+# to data parallelism, but every step pays for a second forward pass of every block. On
+# this cluster the memory is there without it, so keeping the activations wins.
+# Recomputation pays when it is the only way to fit, or when what it removes (a pipeline's
+# bubble, all-reduces over a slow link) costs more than the repeated forward pass.
+#
+# Your own model goes in the same way. Paste the contents of its `config.json` as a dict
+# (here a copy of the Llama-3-8B preset), or pass the path of the file:
+
+# %%
+from parlab.models import HF_PRESETS
+
+# your config.json, as a dict (or its path); here the preset under a name of its own
+my_config = dict(HF_PRESETS["Llama-3-8B"], _name_or_path="my-llama")
+mine = plan(my_config, 64, 80, global_batch=512, seq=8192, recompute=(None, "full"))
+print(f"{len(mine)} layouts fit; the same as by name: "
+      f"{[lay.row() for lay in mine] == [lay.row() for lay in llama.ranked]}")
+print(mine[0].explain())
 
 # %% [markdown]
 # ## 4. A 3D-parallel job, for real

@@ -179,16 +179,20 @@ check("06.2", ...)
 # beside the closed form:
 
 # %%
+from parlab.viz import glue
 from parlab.viz.plots import zero3_timeline_figure, zero_traffic_figure
 
 print(table[["run", "ranks", "sent per step", "closed form"]].to_string(index=False))
 show(zero_traffic_figure(table))
+sent = {(r.run, r.ranks): r["sent per step"] for _, r in table.iterrows()}
+glue("zero3_ratio", sent[("ZeRO-3", 4)] / sent[("ZeRO-0", 4)], ".2f")
 
 # %% [markdown]
 # Stages 1 and 2 send exactly what stage 0 sends. A ring all-reduce is a reduce-scatter
 # followed by an all-gather; stages 1 and 2 just run the two halves at different moments,
-# with the update in between. Stage 3 adds a second all-gather, so it sends 1.5 times as
-# much. FSDP2 sends the same bytes as our stage 3.
+# with the update in between. Stage 3 adds a second all-gather, so it sends
+# <span data-glue="zero3_ratio">1.50</span> times as much. FSDP2 sends the same bytes as
+# our stage 3.
 #
 # The order of one ZeRO-3 step, on 2 ranks, collective by collective (the log's call
 # numbers matched with what each rank was doing):
@@ -313,11 +317,12 @@ print(f"selective: extra FLOPs {runs['selective'].flops - runs[None].flops:,} = 
 # *Selective* recomputation re-runs only each block's attention core, softmax(QK^T/√d)·V:
 # its extra FLOPs are exactly the two matrix products again. Here, at 16 tokens, it saves
 # little, because the probabilities it drops (b·h·T² per block) are small next to the rest;
-# they grow with the square of the sequence. For selective, the estimate and the
-# measurement printed above differ: the checkpoint keeps the core's inputs Q, K and V alive
-# as they came out of the projections, and the rebuilt core holds more than the
-# probabilities alone. The formula counts only the probabilities and the mask as dropped and
-# rebuilt, which is why its selective number comes out below the measurement.
+# they grow with the square of the sequence. The checkpoint keeps the core's inputs Q, K
+# and V as the projections made them (as many bytes as the head copies the core no longer
+# keeps), and the core, rebuilt during the backward pass, holds its probabilities and mask
+# again plus fresh copies of the Q, K and V heads that its matrix products make. The
+# calculator counts exactly these, so its selective estimate also matches the measurement
+# to within the loss scalar.
 #
 # At scale the effect is large. GPT-3 6.7B, one sequence of 2048 tokens, bf16: activations
 # per GPU with no recomputation, with *selective* recomputation (Korthikanti et al., 2022:

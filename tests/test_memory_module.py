@@ -327,8 +327,6 @@ def test_module_only_arguments_are_checked():
     from parlab.models import TINY
     with pytest.raises(ValueError, match="example_input: for a torch.nn.Module only"):
         memory.estimate(TINY, (2, 16), example_input=x)
-    with pytest.raises(TypeError, match="for a torch.nn.Module call estimate"):
-        memory.min_gpus(model, (8, 300))
 
 
 def test_measure_needs_a_real_module_and_reports_running_out_of_memory():
@@ -361,3 +359,34 @@ def test_a_custom_loss_and_a_tuple_of_inputs():
     measured = memory.measure(model, example_input=inputs, loss_fn=target, optimizer="sgd")
     assert predicted.activations == pytest.approx(measured.activations, rel=0.05)
     assert predicted.parameters == measured.parameters == 4 * (100 * 16 + 32 * 4 + 4)
+
+
+def test_min_gpus_splits_a_module_by_data_and_pipeline(monkeypatch):
+    import parlab.memory.modules as modules
+    model, shape = mlp(), (64, 300)
+    one = memory.estimate(model, shape, "adam")
+    calls, trace = [], modules.trace_module
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])  # the micro-batch
+        return trace(*args, **kwargs)
+
+    for zero, frac in ((0, 1.5), (3, 3)):
+        gb = one.total / frac / 1e9    # a GPU that holds 1/frac of the whole job
+        calls.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(modules, "trace_module", counted)
+            plan = memory.min_gpus(model, shape, "adam", gpu_memory_gb=gb, zero=zero)
+        assert calls and len(calls) == len(set(calls))  # one trace per micro-batch size
+        assert plan.tp == 1 and plan.breakdown.fits and plan.gpus >= plan.ideal >= 2
+        assert plan.breakdown == memory.estimate(model, shape, "adam", dp=plan.dp, pp=plan.pp,
+                                                 gpu_memory_gb=gb, zero=zero)
+        for dp in (1, 2, 4, 8, 16, 32, 64):     # an exhaustive search finds nothing smaller
+            for pp in range(1, 6):
+                if dp * pp < plan.gpus:
+                    assert not memory.estimate(model, shape, "adam", dp=dp, pp=pp,
+                                               gpu_memory_gb=gb, zero=zero).fits
+    assert (plan.dp, plan.pp) == (2, 2)      # ZeRO-3 shards the states over the replicas
+    with pytest.raises(ValueError, match=r"does not fit: Sequential .* on any split up to "
+                                         r"pp=5: use more micro-batches, ZeRO"):
+        memory.min_gpus(model, shape, "adam", gpu_memory_gb=one.total / 3 / 1e9)

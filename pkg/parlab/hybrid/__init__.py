@@ -1,17 +1,16 @@
 """Combining strategies (chapter 05): choose a layout, place it on a cluster, run it for real.
 
-``planner`` (search every data x tensor x pipeline layout for a model and a cluster: memory,
-step time, why the winner wins; ``explain`` says it in words), ``placement`` (where each rank
-of a layout sits on a rail-optimized cluster), ``parallel3d`` (a real 2 x 2 x 2 job equal to
-one process), ``cnn`` and ``cnn_step`` (the slides' CNN advice measured, and a data + tensor
+``planner`` (search every data x tensor x pipeline layout for a GPT or Llama-style model, or
+a Hugging Face config, on a cluster: memory, step time, recompute on or off; ``assumptions``
+lists what it takes as given; ``explain`` says why the winner wins, in words),
+``placement`` (where each rank of a layout sits on a rail-optimized cluster), ``parallel3d``
+(a real 2 x 2 x 2 job equal to one process), ``cnn`` and ``cnn_step`` (the slides' CNN advice measured, and a data + tensor
 parallel step run), ``summary`` (the slides' pros and cons, each with a number). Imports every
 subpackage below it: launch, comm, models, memory, pipeline, tensor_parallel.
 """
 
-from parlab.hybrid.planner import (
-    TIME_PARTS, Assumptions, bubble_fraction, evaluate, Layout, plan, Rejected, Search, search,
-    table
-)
+from parlab.hybrid.assumptions import Assumptions, bubble_fraction, TIME_PARTS
+from parlab.hybrid.planner import evaluate, Layout, plan, Rejected, Search, search, table
 from parlab.hybrid.explain import explain
 from parlab.hybrid.placement import cluster, group_links, place
 from parlab.hybrid.parallel3d import Run3D, run_3d

@@ -65,15 +65,16 @@ def _memory(lay) -> str:
     state = m.parameters + m.gradients + m.optimizer_state + m.master_weights
     flight = (lay.microbatches if lay.assumptions.schedule == "gpipe"
               else min(lay.pp, lay.microbatches))
+    kept = f" ({lay.recompute} recomputation)" if lay.recompute else ""
     return (f"Memory: the busiest GPU holds {format_bytes(m.total)} of "
             f"{format_bytes(m.capacity)} ({100 * m.total / m.capacity:.0f} %): "
             f"{format_bytes(state)} of weights, gradients and optimizer state, and "
             f"{format_bytes(m.activations)} of activations for "
-            f"{_plural(flight, 'micro-batch', 'es')} in flight.")
+            f"{_plural(flight, 'micro-batch', 'es')} in flight{kept}.")
 
 
 #: How the text names each part of a step.
-PART_WORDS = {"compute": "compute", "bubble": "pipeline bubble",
+PART_WORDS = {"compute": "compute", "recompute": "recomputation", "bubble": "pipeline bubble",
               "tensor": "tensor-parallel all-reduces", "pipeline": "pipeline sends",
               "data": "gradient all-reduce"}
 

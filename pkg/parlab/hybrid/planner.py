@@ -12,34 +12,10 @@ writing the GPU count as dp x tp x pp, and every number of micro-batches, it ask
 then keeps the layouts that fit, sorted by step time. ``layout.explain()`` says in words why
 the winner wins, ``layout.placement()`` where each rank runs.
 
-The assumptions (every one is a keyword of :func:`plan`; see :class:`Assumptions`):
-
-- **Work**: one step trains ``global_batch`` sequences of ``seq`` tokens (GPT-3: 1536 x 2048,
-  about 3.2 M tokens); training FLOPs = 6 x parameters x tokens (forward 2, backward 4; the
-  attention-score FLOPs, a few percent at this length, are left out); each GPU does 1/gpus
-  of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x ``mfu`` (0.4: the share
-  of peak a GPU sustains in its matrix multiplications). Bubbles and communication come on
-  top of that, so the planner's own "achieved MFU" comes out lower.
-- **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
-  parameter), activations of the micro-batches in flight, no recomputation; ``zero`` (ZeRO
-  stage 0-3, chapter 06) shards the model states over the dp replicas, and stage 3 makes
-  the data-parallel traffic 1.5 times an all-reduce (stages 1-2 move the same bytes).
-- **Degrees**: tp divides the attention heads and the GPUs of a server (tensor-parallel
-  groups stay on NVLink); pp divides the layers; dp x m divides the global batch; every
-  micro-batch count m that divides a replica's share of the batch is tried.
-- **Pipeline**: ``schedule`` 1F1B (or GPipe): a step of m micro-batches over pp stages lasts
-  (m + pp - 1) slots, i.e. the busy time divided by 1 - bubble fraction, with the bubble
-  fraction (pp-1)/(m+pp-1) of :func:`bubble_fraction`, checked against the simulator.
-- **Communication per micro-batch and stage** (nothing overlapped with compute: a
-  conservative, simple model): Megatron's tensor parallelism all-reduces b x s x d values
-  twice per block forward and twice backward, over the tensor group's link (NVLink); the
-  pipeline sends one activation forward and one gradient back, b x s x d values each, over
-  the pipeline's link (a rail); each of the tp GPUs of a stage sends its copy on its own NIC.
-  After the last micro-batch, each stage all-reduces its gradients (ring) across the dp
-  replicas, over their link (rails, or NVLink when replicas share a server).
-- **Network**: :func:`parlab.comm.topology.rail_optimized`, servers of 8 GPUs, NVLink 450 GB/s,
-  NICs of ``nic_gbps`` on rail switches, a non-blocking spine. Contention between groups
-  that share a NIC is ignored.
+The model is a GPT or Llama-style config, its name (``"Llama-3-8B"``) or a Hugging Face
+``config.json`` (a dict or a path). What the planner assumes (the batch, the GPU's speed,
+recomputation, the links...) is listed in :mod:`parlab.hybrid.assumptions`; every assumption
+is a keyword of :func:`plan`.
 """
 
 from __future__ import annotations
@@ -49,78 +25,14 @@ from dataclasses import dataclass, field, replace
 from parlab import memory
 from parlab.memory import Breakdown
 from parlab.units import format_bytes
-from parlab.models import TransformerConfig, count_parameters, get_config
+from parlab.models import compute_seconds, count_parameters, flops_seconds, get_config
 from parlab.comm import Mesh
+from parlab.hybrid.assumptions import Assumptions, bubble_fraction, split_problem
 from parlab.hybrid.placement import _positive, cluster, group_links, place
 from parlab.tensor_parallel import divisors
 from parlab.comm import allreduce_time, Topology
-from parlab.models import H100_BF16_TFLOPS, MFU, compute_seconds
 
-__all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
-           "bubble_fraction", "table", "TIME_PARTS"]
-
-#: What a step's time is made of, in the order the figures stack it.
-TIME_PARTS = ("compute", "bubble", "tensor", "pipeline", "data")
-
-
-@dataclass(frozen=True)
-class Assumptions:
-    """Everything the planner takes as given besides the model and the cluster."""
-
-    global_batch: int = 1536
-    seq: int | None = None            # None: the model's context length
-    precision: str = "bf16"
-    optimizer: str = "adam"
-    gpu_tflops: float = H100_BF16_TFLOPS
-    mfu: float = MFU
-    schedule: str = "1f1b"
-    microbatches: tuple | None = None  # None: every count that divides a replica's batch
-    zero: int = 0                      # ZeRO stage of the data-parallel replicas
-
-    def __post_init__(self):
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
-                or self.global_batch < 1:
-            raise ValueError(f"global_batch must be a positive number of sequences, got "
-                             f"{self.global_batch!r}")
-        if self.seq is not None:
-            _positive("seq", self.seq)  # 0 would silently mean the model's context
-        m = self.microbatches
-        if m is not None and not isinstance(m, (tuple, list)):
-            raise TypeError(f"microbatches must be a tuple of micro-batch counts (None: every "
-                            f"count that divides a replica's batch), got {m!r}; write ({m!r},)")
-        if m is not None and (not m or any(isinstance(x, bool) or not isinstance(x, int)
-                                           or x < 1 for x in m)):
-            raise ValueError(f"microbatches must hold one or more positive integers, got {m!r}")
-        if self.precision not in memory.PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of "
-                             f"{list(memory.PRECISIONS)}")
-        if self.optimizer not in memory.OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of "
-                             f"{list(memory.OPTIMIZERS)}")
-        if not self.gpu_tflops > 0 or not 0 < self.mfu <= 1:
-            raise ValueError(f"gpu_tflops must be positive and mfu in (0, 1], got "
-                             f"{self.gpu_tflops!r} and {self.mfu!r}")
-        if isinstance(self.zero, bool) or self.zero not in memory.ZERO_STAGES:
-            raise ValueError(f"zero must be one of {list(memory.ZERO_STAGES)}, got {self.zero!r}")
-        if self.schedule not in memory.ESTIMATED_SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
-                             f"{list(memory.ESTIMATED_SCHEDULES)}")
-
-    def sequence(self, config: TransformerConfig) -> int:
-        return self.seq or config.context
-
-
-def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float:
-    """Idle share of a pipeline's (GPU, slot) cells: (p-1)/(m+p-1) for GPipe and 1F1B.
-
-    The same number :func:`parlab.pipeline.simulator` counts on the real schedule (a test
-    holds the two together); 1F1B changes the memory, not the bubble.
-    """
-    if schedule not in memory.ESTIMATED_SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(memory.ESTIMATED_SCHEDULES)}")
-    _positive("pp", pp)
-    _positive("microbatches", microbatches)
-    return (pp - 1) / (microbatches + pp - 1)
+__all__ = ["Layout", "Rejected", "Search", "plan", "search", "evaluate", "table"]
 
 
 @dataclass(frozen=True)
@@ -139,7 +51,7 @@ class Rejected:
 class Layout:
     """One evaluated layout: degrees, micro-batches, memory per GPU and the parts of a step."""
 
-    config: TransformerConfig
+    config: object                # a TransformerConfig or a LlamaConfig
     dp: int
     tp: int
     pp: int
@@ -151,6 +63,7 @@ class Layout:
     topology: Topology
     assumptions: Assumptions
     context: "Search | None" = field(default=None, compare=False, repr=False)
+    recompute: str | None = None  # this layout's activation recomputation
 
     @property
     def gpus(self) -> int:
@@ -180,6 +93,7 @@ class Layout:
     @property
     def name(self) -> str:
         zero = f", ZeRO-{self.assumptions.zero}" if self.assumptions.zero else ""
+        zero += f", {self.recompute} recompute" if self.recompute else ""
         return f"dp {self.dp} x tp {self.tp} x pp {self.pp}, m={self.microbatches}{zero}"
 
     def placement(self) -> list[int]:
@@ -206,9 +120,12 @@ class Layout:
         return "\n".join(lines)
 
     def row(self) -> dict:
-        """The numbers of a table row (seconds and GB rounded for printing)."""
+        """The numbers of a table row (seconds and GB rounded for printing); a "recompute"
+        column when the search tried recomputation."""
+        tried = {"recompute": self.recompute or "off"} if "recompute" in self.times else {}
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "m": self.microbatches,
-                "b": self.micro_batch, "memory GB": round(self.memory_per_gpu_bytes / 1e9, 1),
+                "b": self.micro_batch, **tried,
+                "memory GB": round(self.memory_per_gpu_bytes / 1e9, 1),
                 "step s": round(self.step_time_s, 3),
                 **{f"{k} s": round(v, 3) for k, v in self.times.items()},
                 "MFU": round(self.achieved_mfu, 3)}
@@ -227,7 +144,7 @@ class Layout:
 class Search:
     """Everything one :func:`search` looked at: evaluated layouts and rejected degrees."""
 
-    config: TransformerConfig
+    config: object                # a TransformerConfig or a LlamaConfig
     gpus: int
     gpu_memory_gb: float
     topology: Topology
@@ -244,7 +161,7 @@ class Search:
         """
         fitting = [lay for lay in self.layouts if lay.fits]
         return sorted(fitting, key=lambda lay: (round(lay.step_time_s, 6), lay.microbatches,
-                                                lay.pp, lay.tp))
+                                                lay.pp, lay.tp, lay.recompute is not None))
 
     def summary(self) -> str:
         """How the search narrowed the candidates down, in one paragraph."""
@@ -254,76 +171,84 @@ class Search:
         return (f"{self.config.name} on {self.gpus:,} GPUs of {self.gpu_memory_gb:g} GB: "
                 f"{triples} ways to "
                 f"write {self.gpus} = dp x tp x pp; {shape} cannot split the model (tp must "
-                f"divide the heads and stay in a server, pp must divide the layers), "
+                f"divide the heads and d_ff and stay in a server, pp must divide the layers), "
                 f"{memory_bound} do not fit even with one sequence per micro-batch, {batch} "
                 f"cannot split the batch of {self.assumptions.global_batch}; "
                 f"{len(self.layouts)} (dp, tp, pp, micro-batches) layouts evaluated, "
                 f"{len(self.ranked)} fit.")
 
     def best_per_degrees(self) -> dict[tuple, Layout]:
-        """For each (dp, tp, pp) that fits, its fastest micro-batch count."""
+        """For each (dp, tp, pp) that fits, its fastest micro-batch count (and recompute)."""
         best: dict[tuple, Layout] = {}
         for lay in self.ranked:
             best.setdefault((lay.dp, lay.tp, lay.pp), lay)
         return best
 
 
-def _split_problem(config, tp, pp, per_server) -> str:
-    """Why (tp, pp) cannot split ``config``, or '' when they can."""
-    valid = [t for t in divisors(per_server) if config.n_heads % t == 0 == config.d_ff % t]
-    if config.n_heads % tp or config.d_ff % tp:
-        return f"tp={tp} does not divide the {config.n_heads} heads (valid tp here: {valid})"
-    if per_server % tp:
-        return (f"tp={tp} does not fit inside a server of {per_server} GPUs (valid tp here: "
-                f"{valid})")
-    if config.n_layers % pp:
-        return f"pp={pp} does not divide the {config.n_layers} layers"
-    return ""
-
-
-def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_bytes) -> dict:
-    """Seconds per step, part by part (see the module docstring for the model)."""
+def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_bytes,
+           recompute=None) -> dict:
+    """Seconds per step, part by part (see :mod:`parlab.hybrid.assumptions` for the model)."""
     seq = a.sequence(config)
     element = memory.PRECISIONS[a.precision].bytes
     # one micro-batch through one stage: 1/(tp x pp) of the model's FLOPs for b x seq tokens
     compute = compute_seconds(count_parameters(config)["total"] / (tp * pp), b * seq,
                               a.gpu_tflops, a.mfu)
+    extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
+    again = flops_seconds(extra, a.gpu_tflops, a.mfu)
     activation = b * seq * config.d_model * element                 # what crosses a boundary
     tensor = 0.0
     if tp > 1:
         per_all_reduce = allreduce_time(activation, tp, "ring", topology.links[links["tensor"]])
-        tensor = 4 * (config.n_layers // pp) * per_all_reduce
+        per_block = 4 + (2 if recompute == "full" else 0)  # full recompute: forward's 2 again
+        tensor = per_block * (config.n_layers // pp) * per_all_reduce
     pipeline = 2 * topology.links[links["pipeline"]].time(activation) if pp > 1 else 0.0
-    busy = compute + tensor + pipeline
+    busy = compute + again + tensor + pipeline
     fraction = bubble_fraction(pp, m, a.schedule)
     data = (allreduce_time(gradient_bytes, dp, "ring", topology.links[links["data"]])
             * (1.5 if a.zero == 3 else 1.0) if dp > 1 else 0.0)
-    return {"compute": m * compute, "bubble": m * busy * fraction / (1 - fraction),
-            "tensor": m * tensor, "pipeline": m * pipeline, "data": data}
+    times = {"compute": m * compute, "recompute": m * again,
+             "bubble": m * busy * fraction / (1 - fraction), "tensor": m * tensor,
+             "pipeline": m * pipeline, "data": data}
+    if a.recompute_options == (None,):  # a search without recompute has no such part
+        del times["recompute"]
+    return times
 
 
 def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float = 80,
              topology: Topology | None = None, assumptions: Assumptions | None = None,
              **kwargs) -> Layout:
-    """Memory and step time of one layout (fitting or not); keywords as in :func:`plan`."""
+    """Memory and step time of one layout (fitting or not); keywords as in :func:`plan`, with
+    one ``recompute`` setting (None, "full" or "selective")."""
     config = get_config(config)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
         _positive(name, value)  # before cluster(dp * tp * pp) would blame the product, "gpus"
     a = assumptions or Assumptions(**kwargs)
+    if len(a.recompute_options) != 1:
+        raise ValueError(f"evaluate prices one layout: give one recompute setting (None, "
+                         f"'full' or 'selective'), got {a.recompute!r}; search() tries several")
+    return _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a,
+                     a.recompute_options[0])
+
+
+def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assumptions,
+              recompute) -> Layout:
     topology = topology or cluster(dp * tp * pp)
     per_server = min(topology.gpus_per_server, dp * tp * pp)
-    problem = _split_problem(config, tp, pp, per_server)
+    problem = split_problem(config, tp, pp, per_server)
     if problem:
         raise ValueError(problem)
     shape = (a.global_batch, a.sequence(config))
     breakdown, whole = (memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
-                                        microbatches, a.schedule, gpu_memory_gb, zero)
+                                        microbatches, a.schedule, gpu_memory_gb, zero,
+                                        recompute)
                         for zero in (a.zero, 0))   # the exchange moves the whole gradient
     gpu_of = place(dp, tp, pp, topology.gpus_per_server)
     links = group_links(dp, tp, pp, topology, gpu_of)
     b = a.global_batch // (dp * microbatches)
-    times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, whole.gradients)
-    return Layout(config, dp, tp, pp, microbatches, b, breakdown, times, links, topology, a)
+    times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, whole.gradients,
+                   recompute)
+    return Layout(config, dp, tp, pp, microbatches, b, breakdown, times, links, topology, a,
+                  recompute=recompute)
 
 
 def _triples(gpus: int):
@@ -348,13 +273,15 @@ def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology |
     per_server = min(topology.gpus_per_server, gpus)
     seq = a.sequence(config)
     for dp, tp, pp in _triples(gpus):
-        problem = _split_problem(config, tp, pp, per_server)
+        problem = split_problem(config, tp, pp, per_server)
         if problem:
             result.rejected.append(Rejected(dp, tp, pp, "split", problem))
             continue
-        floor = memory.estimate(config, (dp, seq), a.optimizer, a.precision, dp, tp, pp, 1,
-                                a.schedule, gpu_memory_gb, a.zero)
-        if not floor.fits:
+        floors = {r: memory.estimate(config, (dp, seq), a.optimizer, a.precision, dp, tp, pp, 1,
+                                     a.schedule, gpu_memory_gb, a.zero, r)
+                  for r in a.recompute_options}
+        if not any(floor.fits for floor in floors.values()):
+            floor = min(floors.values(), key=lambda f: f.total)
             result.rejected.append(Rejected(
                 dp, tp, pp, "memory", f"even one sequence per micro-batch needs "
                                       f"{format_bytes(floor.total)} per GPU", floor))
@@ -366,8 +293,10 @@ def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology |
             continue
         share = a.global_batch // dp
         for m in (a.microbatches or divisors(share)):
-            if share % m == 0:
-                lay = evaluate(config, dp, tp, pp, m, gpu_memory_gb, topology, a)
+            if share % m:
+                continue
+            for r in (r for r in a.recompute_options if floors[r].fits):
+                lay = _evaluate(config, dp, tp, pp, m, gpu_memory_gb, topology, a, r)
                 result.layouts.append(replace(lay, context=result))
     return result
 
@@ -376,11 +305,14 @@ def plan(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | N
          nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> list[Layout]:
     """The layouts of ``config`` on ``gpus`` GPUs that fit in ``gpu_memory_gb``, fastest first.
 
-    ``config`` is a :mod:`parlab.models` config or its name. The cluster is ``topology``, or
-    a rail-optimized one of servers of ``gpus_per_server`` GPUs with ``nic_gbps`` NICs.
-    Other keywords are :class:`Assumptions` (global_batch, seq, precision, optimizer,
-    gpu_tflops, mfu, schedule, microbatches, zero). Each layout has its degrees, memory and
-    step time, ``placement()`` and ``explain()``; empty: nothing fits, :func:`search` says why.
+    ``config`` is a GPT or Llama-style config (:mod:`parlab.models`), its name (``"GPT-3
+    175B"``, ``"Llama-3-8B"``), or a Hugging Face ``config.json`` as a dict or a path. The
+    cluster is ``topology``, or a rail-optimized one of servers of ``gpus_per_server`` GPUs
+    with ``nic_gbps`` NICs. Other keywords are :class:`Assumptions` (global_batch, seq,
+    precision, optimizer, gpu_tflops, mfu, schedule, microbatches, zero, recompute: None,
+    "full", "selective", or a tuple of them such as ``(None, "full")`` to try each). Each
+    layout has its degrees, recompute setting, memory and step time, ``placement()`` and
+    ``explain()``; empty: nothing fits, :func:`search` says why.
     """
     return search(config, gpus, gpu_memory_gb, topology=topology, nic_gbps=nic_gbps,
                   gpus_per_server=gpus_per_server, **assumptions).ranked

@@ -8,6 +8,8 @@ tensors, nothing allocated, so a 7B model built on the meta device takes seconds
 ``states`` (the one formula for the model states per GPU, sharded by ZeRO stages 0 to 3 over
 the data-parallel ranks: :func:`model_state_bytes`, and the precision and optimizer tables it
 reads), ``measurement`` (a real training step, counted part by part, to check the estimate),
+``decoders`` (the GPT and Llama configs' closed forms: what one block saves, op by op, the
+parameters per tensor-parallel rank, what recomputation drops; :func:`tp_problem`),
 ``recompute`` (activation recomputation: its formulas, a tracker of the bytes alive at any
 moment, and a step measured with and without checkpointed layers), ``energy`` (power, the
 electricity bill, and what a failure costs with and without checkpoints).
@@ -20,6 +22,7 @@ from parlab.memory.states import (
 from parlab.memory.breakdown import Breakdown, ESTIMATED_SCHEDULES, Plan
 from parlab.memory.tracing import default_loss, module_children, ModuleTrace, trace_module
 from parlab.memory.modules import stage_ranges
+from parlab.memory.decoders import tensor_split_sizes, tp_problem
 from parlab.memory.calculator import (
     activation_bytes, activations_per_layer, block_activations, estimate, min_gpus
 )
@@ -40,4 +43,4 @@ __all__ = ["check_optimizer", "PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES",
            "recompute_flops", "RecomputeFlops", "Trace", "live_bytes", "measure_recompute",
            "RecomputeResult", "full_recompute", "default_loss", "module_children",
            "ModuleTrace", "trace_module", "stage_ranges", "block_activations",
-           "korthikanti_terms", "compare_block"]
+           "korthikanti_terms", "compare_block", "tensor_split_sizes", "tp_problem"]

@@ -82,9 +82,10 @@ class Plan:
 
 
 class Setup(NamedTuple):
-    """One checked job. ``model`` is a TransformerConfig, a BookMLP or a torch.nn.Module; for a
-    module, ``seq`` is 1, ``inputs`` the global batch's inputs (:mod:`parlab.memory.modules`),
-    ``loss_fn`` the loss (None: the default) and ``split_points`` the pipeline's cuts."""
+    """One checked job. ``model`` is a TransformerConfig or LlamaConfig, a BookMLP or a
+    torch.nn.Module; for a module, ``seq`` is 1, ``inputs`` the global batch's inputs
+    (:mod:`parlab.memory.modules`), ``loss_fn`` the loss (None: the default) and
+    ``split_points`` the pipeline's cuts."""
 
     model: Any
     batch: int
@@ -132,7 +133,7 @@ def check_schedule(schedule) -> str:
 
 def _model_name(s: Setup) -> str:
     name = getattr(s.model, "name", None)
-    if isinstance(name, str):  # a TransformerConfig
+    if isinstance(name, str):  # a TransformerConfig or a LlamaConfig
         return name
     if s.inputs:  # a torch.nn.Module: its class, parameters and input shapes
         n = sum(p.numel() for p in s.model.parameters())

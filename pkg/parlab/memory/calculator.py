@@ -32,6 +32,11 @@ Activations of one micro-batch of b sequences of length T, element size s (4 or 
   mask, T^2 bytes (tensor by tensor: :func:`block_activations`);
 - embedding: token ids 8bT and positions 8T; head: final LayerNorm 2bTd + 2bT, log-probs
   bT vocab/tp, times s; targets 8bT;
+- a :class:`~parlab.models.LlamaConfig` (Llama 2 / 3, Mistral, any Hugging Face config
+  :func:`parlab.models.from_hf_config` reads) has its own per-op count: RMSNorms in fp32,
+  rotary tables, a fused attention kernel's logsumexp instead of T x T probabilities,
+  SwiGLU's four d_ff-wide tensors, no position ids (:mod:`parlab.memory.decoders`, the one
+  home of both families' formulas and of their parameters per tensor-parallel rank);
 - a :class:`~parlab.models.BookMLP` of widths n_0 ... n_L: s b (n_0 + n_1 + ... + n_L + n_L):
   its input, each layer's output (ReLU, sigmoid and tanh save their output, which the next
   layer needs anyway) and the target of the loss.
@@ -54,18 +59,21 @@ them as ``other``.
 from __future__ import annotations
 
 import math
+import os
 
 from torch import nn
 
 from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
-from parlab.memory.modules import estimate_module, module_setup
+from parlab.memory.decoders import block_terms, DECODERS, end_terms, stage_parameters, tp_problem
+from parlab.memory.modules import estimate_module, module_pricer, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
+from parlab.memory.tracing import module_children
 from parlab.memory.states import (
     check_optimizer, check_positive, check_precision, check_split, check_zero, model_state_bytes
 )
-from parlab.models import BookMLP, get_config, TransformerConfig
+from parlab.models import BookMLP, get_config
 
 __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
            "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
@@ -81,10 +89,11 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`; the last
     three keywords are for modules only.
     """
-    if isinstance(model, str):
+    if isinstance(model, (str, dict, os.PathLike)):
         model = get_config(model)
-    if not isinstance(model, (TransformerConfig, BookMLP, nn.Module)):
-        raise TypeError(f"model must be a TransformerConfig, a config name or a BookMLP, or any "
+    if not isinstance(model, (*DECODERS, BookMLP, nn.Module)):
+        raise TypeError(f"model must be a TransformerConfig or a LlamaConfig (or a config name, "
+                        f"a Hugging Face config dict or config.json path), a BookMLP, or any "
                         f"torch.nn.Module, got {type(model).__name__}")
     precision = check_precision(precision)
     optimizer = check_optimizer(optimizer)
@@ -108,7 +117,8 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     else:
         raise ValueError(f"input_shape must be the global batch as a tuple of ints, (batch, "
                          f"seq) for a transformer or (batch,) for an MLP, got {input_shape!r}")
-    if isinstance(model, TransformerConfig):
+    decoder = isinstance(model, DECODERS)
+    if decoder:
         if len(shape) != 2:
             raise ValueError(f"a transformer's input_shape is (batch, seq), got {input_shape!r}")
         batch, seq = shape
@@ -121,14 +131,12 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
                              f"got {input_shape!r}")
         batch, seq = shape[0], 1
     check_split(batch, dp, tp, pp, microbatches)
-    layers = model.n_layers if isinstance(model, TransformerConfig) else len(model.layers)
+    layers = model.n_layers if decoder else len(model.layers)
     if pp > layers:
         raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
-    if isinstance(model, TransformerConfig):
-        if model.n_heads % tp or model.d_ff % tp:
-            raise ValueError(f"tp={tp} must divide n_heads={model.n_heads} and "
-                             f"d_ff={model.d_ff}")
-    elif tp != 1:
+    if decoder and tp_problem(model, tp):
+        raise ValueError(tp_problem(model, tp))
+    if not decoder and tp != 1:
         raise ValueError(f"tensor parallelism is modelled for transformer configs; "
                          f"use tp=1 for {model!r}")
     return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
@@ -147,22 +155,14 @@ def _stage_parameters(s: Setup, stage: int) -> int:
         first = sum(_split(len(m.layers), s.pp)[:stage])
         layers = m.layers[first:first + _split(len(m.layers), s.pp)[stage]]
         return sum(layer.W.numel() + layer.b.numel() for layer in layers)
-    d, f = m.d_model, m.d_ff
-    block = (4 * d * d + 3 * d) // t + d + (2 * d * f + f) // t + d + 4 * d  # bias after a
-    n = _split(m.n_layers, s.pp)[stage] * block                                # row split is whole
-    word = math.ceil(m.vocab / t) * d
-    if stage == 0:
-        n += word + m.context * d
-    if last:
-        n += 2 * d + (word if (not m.tied_embeddings or s.pp > 1) else 0)
-    return n
+    return stage_parameters(m, t, _split(m.n_layers, s.pp)[stage], stage == 0, last, s.pp)
 
 
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None) -> Setup:
     """Validate the arguments of one micro-batch's activation count."""
-    model = get_config(model) if isinstance(model, str) else model
+    model = get_config(model) if isinstance(model, (str, dict, os.PathLike)) else model
     check_positive("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
-    shape = (batch, seq) if isinstance(model, TransformerConfig) else (batch,)
+    shape = (batch, seq) if isinstance(model, DECODERS) else (batch,)
     return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80, 0, recompute)
 
 
@@ -207,21 +207,20 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
         out = {"input": batch * m.sizes[0] * e}
         out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
         return out | {"loss": batch * m.sizes[-1] * e}
-    bt = batch * seq
-    block = sum(_block_terms(m, batch, seq, e, tp).values())
-    out = {"embedding": 8 * bt + 8 * seq}
-    out |= {f"block {i}": block for i in range(1, m.n_layers + 1)}
-    head = e * (2 * bt * m.d_model + 2 * bt + bt * math.ceil(m.vocab / tp) + 1) + 8 * bt
-    return out | {"head": head}
+    block = sum(block_terms(m, batch, seq, e, tp).values())
+    embedding, head = end_terms(m, batch, seq, e, tp)
+    return {"embedding": embedding} | {f"block {i}": block for i in range(1, m.n_layers + 1)} \
+        | {"head": head}
 
 
 def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
                       tp: int = 1) -> dict[str, int]:
     """Saved bytes of one block of :func:`parlab.models.build_model`, tensor by tensor.
 
-    The one home of the block formula (:func:`activations_per_layer` adds these up). What
-    autograd keeps for the backward pass, in the order the forward pass saves it, for b
-    sequences of T tokens, d = d_model, f = d_ff, h heads, s bytes per element:
+    :func:`activations_per_layer` adds these up; the formulas live in
+    :func:`parlab.memory.decoders.block_terms`. What autograd keeps for the backward pass, in
+    the order the forward pass saves it, for b sequences of T tokens, d = d_model, f = d_ff,
+    h heads, s bytes per element, in a GPT block:
 
     - ``ln1 input`` (the block's input x) and ``ln1 output``, the one tensor the Q, K and V
       projections all save (s b T d each); ``ln mean/rstd``: both LayerNorms' per-token
@@ -236,23 +235,17 @@ def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
     - ``ln2 input`` and ``ln2 output`` (fc1's input), s b T d each;
     - ``gelu input`` (fc1's output) and ``gelu output`` (fc2's input), s b T f / tp each.
 
-    Only ``model`` (a :class:`~parlab.models.TransformerConfig` or its name) with ``tp``
-    dividing its heads and d_ff; the LayerNorm tensors are replicated under tensor parallelism.
+    A Llama block (RMSNorm in fp32, rotary tables, a fused attention kernel's logsumexp
+    instead of T x T probabilities, SwiGLU's four d_ff-wide tensors) has its own keys,
+    listed in :mod:`parlab.memory.decoders`. ``model``: a
+    :class:`~parlab.models.TransformerConfig` or :class:`~parlab.models.LlamaConfig` (or its
+    name), with ``tp`` dividing its heads (and key/value heads) and d_ff; the norms' tensors
+    are replicated under tensor parallelism.
     """
     s = _micro(model, batch, seq, precision, tp)
-    if not isinstance(s.model, TransformerConfig):
+    if not isinstance(s.model, DECODERS):
         raise ValueError(f"block_activations counts a transformer block; got {s.model!r}")
-    return _block_terms(s.model, batch, seq, s.precision.bytes, tp)
-
-
-def _block_terms(m: TransformerConfig, batch: int, seq: int, e: int, tp: int) -> dict[str, int]:
-    bt, d = batch * seq, m.d_model
-    x, heads, ff = e * bt * d, e * bt * d // tp, e * bt * m.d_ff // tp
-    return {"ln1 input": x, "ln1 output": x, "ln mean/rstd": e * 4 * bt, "q heads": heads,
-            "k heads": heads, "v heads": heads, "causal mask": seq * seq,
-            "softmax probabilities": e * batch * m.n_heads * seq * seq // tp,
-            "attention output": heads, "ln2 input": x, "ln2 output": x, "gelu input": ff,
-            "gelu output": ff}
+    return block_terms(s.model, batch, seq, s.precision.bytes, tp)
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
@@ -297,9 +290,10 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
 
 
-def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32",
+def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
              gpu_memory_gb: float = 80, microbatches: int = 1, schedule: str = "1f1b",
-             max_tp: int = 8, zero: int = 0, recompute: str | None = None) -> Plan:
+             max_tp: int = 8, zero: int = 0, recompute: str | None = None, *,
+             example_input=None, loss_fn=None) -> Plan:
     """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
 
     Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
@@ -307,21 +301,29 @@ def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32
     Plain data parallelism (``zero=0``) copies the whole model state, so it only helps by
     cutting the activations of each replica; with ZeRO (``zero`` 1 to 3) it also shards the
     model states. ``recompute`` trades activations for compute (:func:`estimate`).
+
+    ``model`` is anything :func:`estimate` takes. A ``torch.nn.Module`` (with
+    ``input_shape`` or ``example_input``, and ``loss_fn``, as for :func:`estimate`) is split
+    by data parallelism and by pipeline stages of contiguous top-level children, balanced
+    by parameter count (tp stays 1); it is traced once per micro-batch size tried.
     """
     check_positive("max_tp", max_tp)
     s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
-                      gpu_memory_gb, zero, recompute)
+                      gpu_memory_gb, zero, recompute, example_input=example_input,
+                      loss_fn=loss_fn)
     if isinstance(s.model, nn.Module):
-        raise TypeError("min_gpus searches the splits of a TransformerConfig or a BookMLP; for "
-                        "a torch.nn.Module call estimate(model, ..., dp=, pp=) for the splits "
-                        "you consider")
-    one = estimate(model, input_shape, optimizer, precision, gpu_memory_gb=gpu_memory_gb,
-                   recompute=recompute)
-    ideal = math.ceil(one.total / s.capacity)
-    transformer = isinstance(s.model, TransformerConfig)
-    layers = s.model.n_layers if transformer else len(s.model.layers)
-    tps = [2**i for i in range(max_tp.bit_length()) if transformer and 2**i <= max_tp
-           and s.model.n_heads % 2**i == 0 and s.model.d_ff % 2**i == 0] or [1]
+        module_price = module_pricer(s, "estimate per GPU")
+        price = lambda dp, tp, pp: module_price(dp, pp)
+        layers, tps = len(module_children(s.model)), [1]
+    else:
+        price = lambda dp, tp, pp: estimate(s.model, input_shape, optimizer, precision, dp, tp,
+                                            pp, microbatches, schedule, gpu_memory_gb, zero,
+                                            recompute)
+        decoder = isinstance(s.model, DECODERS)
+        layers = s.model.n_layers if decoder else len(s.model.layers)
+        tps = [2**i for i in range(max_tp.bit_length()) if decoder and 2**i <= max_tp
+               and not tp_problem(s.model, 2**i)] or [1]
+    ideal = math.ceil(price(1, 1, 1).total / s.capacity)
     dps = [d for d in range(1, s.batch + 1) if s.batch % (d * microbatches) == 0]
     best = None
     for dp in dps:
@@ -329,14 +331,17 @@ def min_gpus(model, input_shape, optimizer: str = "adam", precision: str = "fp32
             for pp in range(1, layers + 1):
                 if best is not None and dp * tp * pp >= best.gpus:
                     break
-                b = estimate(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
-                             schedule, gpu_memory_gb, zero, recompute)
+                b = price(dp, tp, pp)
+                if b is None:  # a module whose children do not run in order: no pipeline
+                    break
                 if b.fits:
                     best = Plan(dp * tp * pp, dp, tp, pp, b, ideal)
                     break
     if best is None:
-        raise ValueError(f"{describe_setup(s, 'does not fit')} on any split up to tp={max_tp}, "
-                         f"pp={layers}: use more micro-batches, "
-                         + (f"ZeRO (zero={s.zero + 1} to 3) " if s.zero < 3 else "")
+        split = f"tp={max(tps)}, pp={layers}" if tps != [1] else f"pp={layers}"
+        raise ValueError(f"{describe_setup(s, 'does not fit')} on any split up to {split}: use "
+                         f"more micro-batches, "
+                         + (f"ZeRO (zero={s.zero + 1} to 3), " if s.zero < 3 else "")
+                         + ("recompute='full', " if s.recompute != "full" else "")
                          + "or a bigger GPU")
     return best

@@ -19,7 +19,7 @@ from torch import nn
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.calculator import resolve_setup
 from parlab.memory.tracing import default_loss, failure_message
-from parlab.models import TransformerConfig
+from parlab.memory.decoders import DECODERS
 
 __all__ = ["measure"]
 
@@ -54,7 +54,7 @@ def _trainable(s: Setup, device, seed):
     mb, dtype, m = s.micro_batch, s.precision.dtype, s.model
     if isinstance(m, nn.Module):
         return _module_trainable(s, device, g)
-    if isinstance(m, TransformerConfig):
+    if isinstance(m, DECODERS):
         net = build_model(m, seed=seed, dtype=dtype, device=device)
         data = [[torch.randint(0, m.vocab, (mb, s.seq), generator=g).to(device) for _ in "xt"]
                 for _ in range(s.in_flight(0))]

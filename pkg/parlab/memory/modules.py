@@ -12,7 +12,8 @@ the micro-batches in flight on it.
 Pipeline stages are contiguous runs of the top-level children
 (:func:`parlab.memory.tracing.module_children`), balanced by parameter count or cut at
 ``split_points``. Tensor parallelism and selective recompute are modelled for transformer
-configs only.
+configs only. :func:`module_pricer` prices many splits of one module from one trace per
+micro-batch size, for :func:`parlab.memory.min_gpus`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parlab.memory.breakdown import Breakdown, Setup
+from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.states import check_split, model_state_bytes, ModelStates
 from parlab.memory.tracing import InputSpec, module_children, trace_module
 
-__all__ = ["module_setup", "stage_ranges", "estimate_module"]
+__all__ = ["module_setup", "stage_ranges", "estimate_module", "module_pricer"]
 
 
 def _inputs(input_shape, example_input) -> tuple[InputSpec, ...]:
@@ -157,9 +158,18 @@ def estimate_module(s: Setup, label: str) -> Breakdown:
     1F1B min(pp - k, m), GPipe m), what its children saved; with ``recompute="full"``, each
     child's input per micro-batch and one child rebuilt. The label ends with ", stage k".
     """
+    trace = trace_module(s.model, s.inputs, s.micro_batch, s.precision.dtype, s.loss_fn)
+    return _price(s, trace, label)
+
+
+def _in_order(trace) -> bool:
+    return trace.order == sorted(trace.order)
+
+
+def _price(s: Setup, trace, label: str) -> Breakdown:
+    """The busiest stage of job ``s``, from the ``trace`` of one of its micro-batches."""
     model = s.model
-    trace = trace_module(model, s.inputs, s.micro_batch, s.precision.dtype, s.loss_fn)
-    if s.pp > 1 and trace.order != sorted(trace.order):
+    if s.pp > 1 and not _in_order(trace):
         names = [module_children(model)[i][0] for i in trace.order]
         raise ValueError(f"pp cuts the top-level children in the order they are registered, "
                          f"but {type(model).__name__} runs them in the order {names}")
@@ -173,3 +183,23 @@ def estimate_module(s: Setup, label: str) -> Breakdown:
                       capacity=s.capacity, label=label + (f", stage {k}" if s.pp > 1 else ""))
         best = b if best is None or b.total > best.total else best
     return best
+
+
+def module_pricer(s: Setup, what: str):
+    """``price(dp, pp)``: the busiest GPU's :class:`Breakdown` for job ``s`` split over ``dp``
+    replicas and ``pp`` balanced stages (None when the children do not run in the order a
+    pipeline needs), labelled ``what``; one trace per micro-batch size, however many splits
+    are priced (for :func:`parlab.memory.min_gpus`)."""
+    traces = {}
+
+    def price(dp: int, pp: int) -> Breakdown | None:
+        job = s._replace(dp=dp, pp=pp, split_points=None)
+        if job.micro_batch not in traces:
+            traces[job.micro_batch] = trace_module(job.model, job.inputs, job.micro_batch,
+                                                   job.precision.dtype, job.loss_fn)
+        trace = traces[job.micro_batch]
+        if pp > 1 and not _in_order(trace):
+            return None
+        return _price(job, trace, describe_setup(job, what))
+
+    return price

@@ -17,8 +17,10 @@ This module is the one home of the recompute formulas (:func:`layer_activations`
 ``saved_tensors_hooks`` see nothing (the checkpoint packs the saved tensors with its own hooks
 and drops them), yet the layers' inputs stay alive, so only the storages themselves tell.
 
-Selective recompute checkpoints :class:`parlab.models.GPT`'s ``Attention.core(q, k, v)``,
-the softmax(QK^T / sqrt(d)) V of every head, and nothing else.
+Selective recompute checkpoints the attention core and nothing else: the softmax(QK^T /
+sqrt(d)) V of every head, :class:`parlab.models.GPT`'s ``Attention.core(q, k, v)``, or a
+:class:`parlab.models.Llama`'s ``LlamaAttention.core(q, k, v)`` (the key/value copies and
+scaled_dot_product_attention).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
-from parlab.models import BookMLP, count_parameters, get_config, training_flops, TransformerConfig
+from parlab.memory.decoders import block_flops_per_token, full_input, selective_terms
+from parlab.models import BookMLP, count_parameters, get_config, training_flops
 
 __all__ = ["RECOMPUTE", "check_recompute", "layer_activations", "full_recompute", "recompute_flops",
            "RecomputeFlops", "Trace", "live_bytes", "measure_recompute", "RecomputeResult"]
@@ -56,25 +59,28 @@ def check_recompute(recompute):
 
 # --- the formulas ----------------------------------------------------------------------------
 
-def layer_activations(model: TransformerConfig | BookMLP, layer_bytes: int, batch: int, seq: int,
-                      element_bytes: int, tp: int = 1, recompute=None) -> tuple[int, int]:
+def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_bytes: int,
+                      tp: int = 1, recompute=None) -> tuple[int, int]:
     """(kept, working): bytes one layer keeps from its forward to its backward, and the bytes
     its recomputation creates again while its backward runs (one layer at a time).
 
-    ``layer_bytes`` is what the layer keeps without recompute (a value of
+    ``model`` is a GPT or Llama config or a :class:`~parlab.models.BookMLP`; ``layer_bytes``
+    is what the layer keeps without recompute (a value of
     :func:`parlab.memory.activations_per_layer`) for one micro-batch of ``batch`` x ``seq``.
 
     - ``None``: (layer_bytes, 0).
     - ``"full"``, transformer block: it keeps its input, b T d s bytes (replicated under tensor
-      parallelism); the recomputation rebuilds the rest, layer_bytes - b T d s (the input is
-      the one already kept).
+      parallelism); the recomputation rebuilds the rest, layer_bytes minus the part of the
+      input the block saved itself (:func:`parlab.memory.decoders.full_input`).
     - ``"full"``, :class:`~parlab.models.BookMLP` layer: it already keeps only its output, the
       next layer's input, so nothing is dropped; recomputing re-creates the output (a second
       copy): (layer_bytes, layer_bytes). Recompute pays where a layer keeps much more than its
       input, as a transformer block does (about 8 + 2 d_ff/d + hT/d times b T d).
-    - ``"selective"``, transformer block: the softmax probabilities, s b h T^2 / tp, and the
-      causal mask (T^2 bytes, built inside the attention core) are dropped and rebuilt one
-      layer at a time; everything else is kept. An MLP has no attention: as ``None``.
+    - ``"selective"``, transformer block: its attention core is dropped and rebuilt one layer
+      at a time (:func:`parlab.memory.decoders.selective_terms`: a GPT drops its s b h T^2 / tp
+      probabilities and T^2-byte mask and rebuilds them with the Q, K, V head copies; a Llama,
+      whose fused attention keeps no T x T tensor, drops little). An MLP has no attention: as
+      ``None``.
     """
     check_recompute(recompute)
     if recompute is None or (recompute == "selective" and isinstance(model, BookMLP)):
@@ -82,9 +88,9 @@ def layer_activations(model: TransformerConfig | BookMLP, layer_bytes: int, batc
     if isinstance(model, BookMLP):
         return layer_bytes, layer_bytes
     if recompute == "full":
-        return full_recompute(layer_bytes, batch * seq * model.d_model * element_bytes)
-    scores = element_bytes * batch * model.n_heads * seq * seq // tp + seq * seq
-    return layer_bytes - scores, scores
+        return full_recompute(layer_bytes, *full_input(model, batch, seq, element_bytes))
+    dropped, rebuilt = selective_terms(model, batch, seq, element_bytes, tp)
+    return layer_bytes - dropped, rebuilt
 
 
 def full_recompute(layer_bytes: int, input_bytes: int,
@@ -115,9 +121,10 @@ def recompute_flops(model, tokens: int, recompute=None, seq: int | None = None) 
     A training step costs about 2 N FLOPs per token forward (a multiply and an add per weight)
     and 4 N backward (gradients of the input and of the weights), 6 N in all
     (:func:`parlab.models.training_flops`). Full recompute runs each block's forward once more:
-    per token and block, 2 (4 d^2 + 2 d d_ff) for the projections and the feed-forward layer,
-    plus 4 T d for the attention scores QK^T and the weighted sum of V (T = ``seq``, the
-    context by default; the model computes all T x T scores, masked afterwards). That is about
+    per token and block, 2 (4 d^2 + 2 d d_ff) for a GPT's projections and feed-forward layer
+    (a Llama's 2 (2 d^2 + 2 d d_kv + 3 d d_ff); :mod:`parlab.memory.decoders`), plus 4 T d
+    for the attention scores QK^T and the weighted sum of V (T = ``seq``, the context by
+    default; the model computes all T x T scores, masked afterwards). That is about
     a third of the step, a little less since the embeddings and the head are not recomputed.
     Selective recompute repeats only the 4 T d per token and block. A
     :class:`~parlab.models.BookMLP` (``tokens`` = samples) repeats 2 x its weights per sample.
@@ -130,9 +137,8 @@ def recompute_flops(model, tokens: int, recompute=None, seq: int | None = None) 
         return RecomputeFlops(training_flops(total, tokens), extra)
     c = get_config(model)
     seq = c.context if seq is None else seq
-    attention = 4 * seq * c.d_model
-    per_token = {None: 0, "selective": attention,
-                 "full": 2 * (4 * c.d_model ** 2 + 2 * c.d_model * c.d_ff) + attention}[recompute]
+    block, core = block_flops_per_token(c, seq)
+    per_token = {None: 0, "selective": core, "full": block}[recompute]
     return RecomputeFlops(training_flops(count_parameters(c)["total"], tokens),
                           tokens * c.n_layers * per_token)
 
@@ -295,15 +301,16 @@ def measure_recompute(model: nn.Module, example_input, target=None, *, recompute
     every module's outputs and so keeps a layer's recomputed tensors alive until the backward
     pass ends, which would inflate the peak. The model's gradients are left as they were; the
     new ones are in the result. ``"selective"`` checkpoints only each layer's attention core,
-    ``layer.attn.core(q, k, v)`` (our GPT's), and counts the layers' FLOPs as without.
+    ``layer.attn.core(q, k, v)`` (our GPT's and Llama's), and counts the layers' FLOPs as
+    without.
     """
     check_recompute(recompute)
     layers, loss_fn = _layers(model), loss_fn or _default_loss
     if recompute == "selective" and not all(hasattr(getattr(l, "attn", None), "core")
                                             for l in layers):
         raise ValueError("selective recompute checkpoints each layer's attention core, "
-                         "layer.attn.core(q, k, v) as in parlab.models.GPT; these layers have "
-                         "none: use recompute=None or 'full'")
+                         "layer.attn.core(q, k, v) as in parlab.models.GPT and Llama; these "
+                         "layers have none: use recompute=None or 'full'")
     params = dict(model.named_parameters())
     old_grads = {name: p.grad for name, p in params.items()}
     inputs = {_storage_key(t): _storage(t).nbytes() for t in (example_input, target)

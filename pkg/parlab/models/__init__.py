@@ -26,7 +26,8 @@ from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
 from parlab.models.compute import (
-    FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS, MFU, compute_seconds, training_flops
+    FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS, MFU, compute_seconds, flops_seconds,
+    training_flops
 )
 
 __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
@@ -37,4 +38,4 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "ACTIVATIONS", "BOOK_NAMES", "book_table", "held_bytes", "tensor_bytes", "SmallCNN",
            "LayerProfile", "profile", "share_by_kind", "communication_per_layer",
            "H100_BF16_TFLOPS", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
-           "compute_seconds"]
+           "compute_seconds", "flops_seconds"]

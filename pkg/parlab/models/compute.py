@@ -13,7 +13,7 @@ planner both take their compute time from :func:`compute_seconds`.
 from __future__ import annotations
 
 __all__ = ["H100_BF16_TFLOPS", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
-           "compute_seconds"]
+           "compute_seconds", "flops_seconds"]
 
 #: NVIDIA's dense bf16 peak of an H100 SXM, TFLOP/s.
 H100_BF16_TFLOPS = 989.0
@@ -31,6 +31,12 @@ def training_flops(params: float, tokens: float) -> float:
 def compute_seconds(params: float, tokens: float, tflops: float = H100_BF16_TFLOPS,
                     mfu: float = MFU) -> float:
     """Seconds one GPU needs for :func:`training_flops` at ``tflops`` x ``mfu``."""
+    return flops_seconds(training_flops(params, tokens), tflops, mfu)
+
+
+def flops_seconds(flops: float, tflops: float = H100_BF16_TFLOPS, mfu: float = MFU) -> float:
+    """Seconds one GPU needs for ``flops`` FLOPs at ``tflops`` x ``mfu`` (e.g. the forward
+    work activation recomputation repeats)."""
     if not tflops > 0 or not 0 < mfu <= 1:
         raise ValueError(f"tflops must be positive and mfu in (0, 1], got {tflops!r} and {mfu!r}")
-    return training_flops(params, tokens) / (tflops * 1e12 * mfu)
+    return flops / (tflops * 1e12 * mfu)

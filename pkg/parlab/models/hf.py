@@ -17,8 +17,9 @@ Fields that change no parameter are not kept: ``rope_scaling`` (Llama 3.1+), Mis
 
 :data:`HF_PRESETS` holds the published ``config.json`` of a few models (the fields that shape
 the model); :data:`HF_CONFIGS` is them parsed. :func:`get_config` finds a name in
-:data:`~parlab.models.transformer.CONFIGS` or in :data:`HF_CONFIGS`, and
-:func:`count_parameters` and :func:`build_model` take a config of either family (or its name).
+:data:`~parlab.models.transformer.CONFIGS` or in :data:`HF_CONFIGS` (and reads a config dict
+or a ``config.json`` path), and :func:`count_parameters` and :func:`build_model` take a
+config of either family, or anything :func:`get_config` reads.
 """
 
 from __future__ import annotations
@@ -158,14 +159,24 @@ HF_CONFIGS: dict[str, TransformerConfig | LlamaConfig] = {
     n: from_hf_config(cfg, name=n) for n, cfg in HF_PRESETS.items()}
 
 
-def get_config(name: str | TransformerConfig | LlamaConfig) -> TransformerConfig | LlamaConfig:
-    """A config by name (as in ``CONFIGS`` or :data:`HF_CONFIGS`), or the config itself."""
+def get_config(name) -> TransformerConfig | LlamaConfig:
+    """A config: the config itself; a name (as in ``CONFIGS`` or :data:`HF_CONFIGS`); a
+    Hugging Face ``config.json`` as a dict, or its path (a ``Path``, or a string naming a file
+    or folder that exists, or ending in ``.json``), read by :func:`from_hf_config`."""
     if isinstance(name, (TransformerConfig, LlamaConfig)):
         return name
+    if isinstance(name, dict) or isinstance(name, os.PathLike):
+        return from_hf_config(name)
+    if not isinstance(name, str):
+        raise TypeError(f"a model is a config, its name, a Hugging Face config dict or the "
+                        f"path of a config.json, got {type(name).__name__}")
     for known in (CONFIGS, HF_CONFIGS):
         if name in known:
             return known[name]
-    raise ValueError(f"unknown model {name!r}; known: {list(CONFIGS) + list(HF_CONFIGS)}")
+    if name.endswith(".json") or Path(name).exists():
+        return from_hf_config(name)
+    raise ValueError(f"unknown model {name!r}; known: {list(CONFIGS) + list(HF_CONFIGS)} (or a "
+                     f"Hugging Face config dict, or the path of its config.json)")
 
 
 def count_parameters(config: TransformerConfig | LlamaConfig | str) -> dict[str, int]:

@@ -187,10 +187,16 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)
         cos, sin = rotary_cos_sin(t, hd, self.rope_theta, x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if kv != h:  # each key/value head serves h // kv consecutive query heads
+        return self.o_proj(self.core(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal softmax(Q K^T / sqrt(d_head)) V per head, each key/value head serving
+        n_heads / n_kv_heads consecutive query heads: the part selective recomputation
+        re-runs (``parlab.memory.measure_recompute``). On (b, heads, T, d_head) tensors."""
+        h, kv = q.shape[1], k.shape[1]
+        if kv != h:
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, d))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class SwiGLU(nn.Module):

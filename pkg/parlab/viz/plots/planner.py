@@ -16,8 +16,8 @@ from parlab.viz.style import rank_color
 __all__ = ["layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure",
            "candidates"]
 
-_PART_COLORS = {"compute": "#4C72B0", "bubble": "#CCCCCC", "tensor": "#DD8452",
-                "pipeline": "#55A868", "data": "#C44E52"}
+_PART_COLORS = {"compute": "#4C72B0", "recompute": "#8172B2", "bubble": "#CCCCCC",
+                "tensor": "#DD8452", "pipeline": "#55A868", "data": "#C44E52"}
 _MEMORY_COLORS = {"parameters": "#4C72B0", "gradients": "#64B5CD", "optimizer_state": "#8172B2",
                   "master_weights": "#CCB974", "activations": "#DD8452", "other": "#8C8C8C"}
 _LINK_COLORS = {"nvlink": "#55A868", "rail": "#4C72B0", "spine": "#C44E52"}

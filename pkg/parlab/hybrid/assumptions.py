@@ -1,0 +1,170 @@
+"""What the planner takes as given, and what it needs to know about a model.
+
+Why this module exists: :mod:`parlab.hybrid.planner` searches layouts; the numbers it takes
+as given (the batch, the GPU's speed, the precision, recomputation...) and the few facts it
+reads from a model (parameters, layers, heads, hidden size) live here, so that the search
+stays short and a reader can find every assumption in one place. The assumptions (every
+one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
+
+- **Model**: a GPT (:class:`~parlab.models.TransformerConfig`) or a Llama-style
+  (:class:`~parlab.models.LlamaConfig`) config, its name (``"GPT-3 175B"``,
+  ``"Llama-3-8B"``), a Hugging Face ``config.json`` as a dict or a path (all read by
+  :func:`parlab.models.get_config`). The planner reads its parameter count, layers, heads (and
+  key/value heads), d_ff, hidden size d and context.
+- **Work**: one step trains ``global_batch`` sequences of ``seq`` tokens (GPT-3: 1536 x 2048,
+  about 3.2 M tokens); training FLOPs = 6 x parameters x tokens (forward 2, backward 4; the
+  attention-score FLOPs, a few percent at this length, are left out); each GPU does 1/gpus
+  of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x ``mfu`` (0.4: the share
+  of peak a GPU sustains in its matrix multiplications). Bubbles and communication come on
+  top of that, so the planner's own "achieved MFU" comes out lower.
+- **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
+  parameter), activations of the micro-batches in flight; ``zero`` (ZeRO stage 0-3, chapter
+  06) shards the model states over the dp replicas, and stage 3 makes the data-parallel
+  traffic 1.5 times an all-reduce (stages 1-2 move the same bytes).
+- **Recomputation**: ``recompute`` is None (keep every activation), ``"full"`` or
+  ``"selective"`` (:data:`parlab.memory.RECOMPUTE`), or a tuple of them to try each. It
+  changes the memory as :func:`parlab.memory.estimate` says and adds its forward FLOPs
+  (:func:`parlab.memory.recompute_flops`) to each micro-batch, in a ``recompute`` part of
+  the step; full recompute also repeats a block's two forward all-reduces under tensor
+  parallelism. Not counted as useful work in the achieved MFU. The repeated forward
+  includes the attention scores (4 T d FLOPs per token and block), which the 6 x
+  parameters x tokens above leaves out, so at long sequences recomputation looks a little
+  dearer next to the compute than it is.
+- **Degrees**: tp divides the attention heads (and a Llama's key/value heads) and d_ff, and
+  the GPUs of a server (tensor-parallel groups stay on NVLink); pp divides the layers; dp x m
+  divides the global batch; every micro-batch count m that divides a replica's share of the
+  batch is tried.
+- **Pipeline**: ``schedule`` 1F1B (or GPipe): a step of m micro-batches over pp stages lasts
+  (m + pp - 1) slots, i.e. the busy time divided by 1 - bubble fraction, with the bubble
+  fraction (pp-1)/(m+pp-1) of :func:`bubble_fraction`, checked against the simulator.
+- **Communication per micro-batch and stage** (nothing overlapped with compute: a
+  conservative, simple model): Megatron's tensor parallelism all-reduces b x s x d values
+  twice per block forward and twice backward, over the tensor group's link (NVLink); the
+  pipeline sends one activation forward and one gradient back, b x s x d values each, over
+  the pipeline's link (a rail); each of the tp GPUs of a stage sends its copy on its own NIC.
+  After the last micro-batch, each stage all-reduces its gradients (ring) across the dp
+  replicas, over their link (rails, or NVLink when replicas share a server).
+- **Network**: :func:`parlab.comm.topology.rail_optimized`, servers of 8 GPUs, NVLink 450 GB/s,
+  NICs of ``nic_gbps`` on rail switches, a non-blocking spine. Contention between groups
+  that share a NIC is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parlab import memory
+from parlab.hybrid.placement import _positive
+from parlab.models import H100_BF16_TFLOPS, MFU
+from parlab.tensor_parallel import divisors
+
+__all__ = ["TIME_PARTS", "Assumptions", "bubble_fraction", "split_problem"]
+
+#: What a step's time is made of, in the order the figures stack it ("recompute" only when
+#: the search tries recomputation).
+TIME_PARTS = ("compute", "recompute", "bubble", "tensor", "pipeline", "data")
+
+#: How an error names each size tensor parallelism splits.
+_SPLIT_WORDS = {"n_heads": "heads", "n_kv_heads": "key/value heads", "d_ff": "d_ff"}
+
+
+def split_problem(config, tp: int, pp: int, per_server: int) -> str:
+    """Why (tp, pp) cannot split ``config``, or '' when they can."""
+    valid = [t for t in divisors(per_server) if not memory.tp_problem(config, t)]
+    undivided = [f"the {n} {_SPLIT_WORDS[k]}" if k != "d_ff" else f"d_ff={n}"
+                 for k, n in memory.tensor_split_sizes(config).items() if n % tp]
+    if undivided:
+        replicated = (" (Megatron-LM would replicate key/value heads; not modelled)"
+                      if "key/value" in undivided[0] else "")
+        return (f"tp={tp} does not divide {' and '.join(undivided)}{replicated} (valid tp "
+                f"here: {valid})")
+    if per_server % tp:
+        return (f"tp={tp} does not fit inside a server of {per_server} GPUs (valid tp here: "
+                f"{valid})")
+    if config.n_layers % pp:
+        return f"pp={pp} does not divide the {config.n_layers} layers"
+    return ""
+
+
+def _recompute_options(recompute) -> tuple:
+    options = tuple(recompute) if isinstance(recompute, (tuple, list)) else (recompute,)
+    if not options or len(set(options)) != len(options):
+        raise ValueError(f"recompute must be one of {list(memory.RECOMPUTE)} or a tuple of "
+                         f"distinct ones to try each, got {recompute!r}")
+    for r in options:
+        _check_recompute(r)
+    return options
+
+
+def _check_recompute(r) -> None:
+    if not (r is None or (isinstance(r, str) and r in memory.RECOMPUTE)):
+        raise ValueError(f"unknown recompute {r!r}; choose one of {list(memory.RECOMPUTE)}, "
+                         f"or a tuple of them to try each, e.g. (None, 'full')")
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Everything the planner takes as given besides the model and the cluster."""
+
+    global_batch: int = 1536
+    seq: int | None = None            # None: the model's context length
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    gpu_tflops: float = H100_BF16_TFLOPS
+    mfu: float = MFU
+    schedule: str = "1f1b"
+    microbatches: tuple | None = None  # None: every count that divides a replica's batch
+    zero: int = 0                      # ZeRO stage of the data-parallel replicas
+    recompute: str | tuple | None = None  # None, "full", "selective", or a tuple to try each
+
+    def __post_init__(self):
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
+                or self.global_batch < 1:
+            raise ValueError(f"global_batch must be a positive number of sequences, got "
+                             f"{self.global_batch!r}")
+        if self.seq is not None:
+            _positive("seq", self.seq)  # 0 would silently mean the model's context
+        m = self.microbatches
+        if m is not None and not isinstance(m, (tuple, list)):
+            raise TypeError(f"microbatches must be a tuple of micro-batch counts (None: every "
+                            f"count that divides a replica's batch), got {m!r}; write ({m!r},)")
+        if m is not None and (not m or any(isinstance(x, bool) or not isinstance(x, int)
+                                           or x < 1 for x in m)):
+            raise ValueError(f"microbatches must hold one or more positive integers, got {m!r}")
+        if self.precision not in memory.PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of "
+                             f"{list(memory.PRECISIONS)}")
+        if self.optimizer not in memory.OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of "
+                             f"{list(memory.OPTIMIZERS)}")
+        if not self.gpu_tflops > 0 or not 0 < self.mfu <= 1:
+            raise ValueError(f"gpu_tflops must be positive and mfu in (0, 1], got "
+                             f"{self.gpu_tflops!r} and {self.mfu!r}")
+        if isinstance(self.zero, bool) or self.zero not in memory.ZERO_STAGES:
+            raise ValueError(f"zero must be one of {list(memory.ZERO_STAGES)}, got {self.zero!r}")
+        if self.schedule not in memory.ESTIMATED_SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
+                             f"{list(memory.ESTIMATED_SCHEDULES)}")
+        _recompute_options(self.recompute)
+
+    @property
+    def recompute_options(self) -> tuple:
+        """The recompute settings each layout is tried with: ``(None,)`` by default."""
+        return _recompute_options(self.recompute)
+
+    def sequence(self, config) -> int:
+        return self.seq or config.context
+
+
+def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float:
+    """Idle share of a pipeline's (GPU, slot) cells: (p-1)/(m+p-1) for GPipe and 1F1B.
+
+    The same number :func:`parlab.pipeline.simulator` counts on the real schedule (a test
+    holds the two together); 1F1B changes the memory, not the bubble.
+    """
+    if schedule not in memory.ESTIMATED_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of "
+                         f"{list(memory.ESTIMATED_SCHEDULES)}")
+    _positive("pp", pp)
+    _positive("microbatches", microbatches)
+    return (pp - 1) / (microbatches + pp - 1)
