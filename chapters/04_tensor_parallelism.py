@@ -29,13 +29,15 @@
 # 2. cut tensors by rows, columns, heads and token ranges, and print who owns what;
 # 3. run the two ways of holding the word-embedding table: on one GPU with a broadcast (the
 #    book's default) and split by vocabulary;
-# 4. run the Megatron MLP and measure the slide deck's per-layer communication costs;
+# 4. run the Megatron MLP, ours and with PyTorch's `ColwiseParallel`/`RowwiseParallel`, and
+#    measure the slide deck's per-layer communication costs;
 # 5. run self-attention across two GPUs three ways: as the book describes it (Figures 8-17
 #    and 8-18), as Megatron-LM does it, and with PyTorch's own API; check each against the
 #    single-GPU layer and count the bytes each one moves;
 # 6. run the feed-forward layer of Figure 8-19 on six ranks, tensor parallel inside each
 #    server and pipelined across, with every transfer labelled NVLink or rail switch;
-# 7. solve four exercises.
+# 7. solve five exercises on the way: three ask you to predict a number before a cell
+#    prints it, one to count, one to find a break-even by computing or running it yourself.
 #
 # Every parallel run is compared, output and gradients, with the same layer on one device.
 # Byte counts come from the **toy backend**, which runs each collective as logged
@@ -61,6 +63,18 @@ for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", 
     book = counting.BOOK_SAYS.get(part)
     said = f"   the book: about {book / 1e9:g} B" if book else ""
     print(f"{part:<16} {counts[part]:>16,}{said}")
+
+# %% [markdown]
+# **Exercise 04.1 (count).** Split every layer 8 ways (tensor-parallel degree 8). How many
+# parameters of one attention layer's four weight matrices (W_Q, W_K, W_V, W_O; leave out
+# the biases) does one GPU hold? Replace the `...` and run the cell; the checker says whether
+# you are right, and why, without giving the number away.
+
+# %%
+from parlab.exercises import check
+
+answer_04_1 = ...
+check("04.1", answer_04_1)
 
 # %% [markdown]
 # **Figure 8-15** is the stack these counts come from: embeddings, the identical decoder
@@ -295,6 +309,15 @@ print(f"GPT-3, one sequence, 8 GPUs: broadcast + reduce {at_scale['broadcast']['
 # forward pass adds the partial outputs of B; the backward pass adds the partial input
 # gradients of A (the "identity / all-reduce" pair of `copy_to_region` and
 # `reduce_from_region` in `parlab.tensor_parallel.mappings`).
+#
+# **Exercise 04.2 (predict first).** The next cell runs this MLP with `d_model = 8` and
+# `d_ff = 32` on 2 GPUs, for a batch of 2 sequences of 4 tokens in fp32, and prints what
+# the toy backend logged. Before you run it: how many bytes does the forward pass put on the
+# wire, both GPUs together?
+
+# %%
+answer_04_2 = ...
+check("04.2", answer_04_2)
 
 # %%
 from parlab.tensor_parallel import run_mlp
@@ -317,6 +340,62 @@ print(f"X: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B; ring all-reduce on 
       f"{ring_wire_bytes('all_reduce', x_grad.nbytes, 2):g} B on the wire")
 
 # %% [markdown]
+# ### The same MLP with PyTorch's API
+#
+# PyTorch ships this split as a *plan* rather than as layers. `parallelize_module` takes an
+# ordinary module, a DeviceMesh (the ranks, as a grid) and a dict from layer names to
+# styles: `ColwiseParallel` for fc1 (Megatron's column-parallel A), `RowwiseParallel` for
+# fc2 (the row-parallel B). It replaces each named layer's weight and bias by DTensors, each
+# a local shard plus how it is placed on the mesh, and inserts the collectives where a
+# layer's input or output changes placement. `parlab.tensor_parallel.dtensor_mlp` applies
+#
+# ```python
+# parallelize_module(mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+# ```
+#
+# to a copy of the same `parlab.models.MLP` (an `nn.Sequential` works too: name its layers
+# `"0"` and `"2"`). Same weights, input and loss, on two toy ranks. Its gradients are read
+# from the DTensor shards and glued back together before they are compared, and each rank's
+# shards are the slices ours cut (dimension and range, on A1):
+
+# %%
+from parlab.tensor_parallel import calls_table, collective_calls
+
+mlp_pytorch = run_mlp(d_model=8, d_ff=32, batch=2, seq=4, backend="toy", variant="pytorch")
+print(mlp_pytorch.summary())
+for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+    cuts = [run.info["specs"][0][name] for run in (mlp, mlp_pytorch)]
+    said = ["whole" if c is None else f"dim {c.dim}, {c.start}:{c.stop} of {c.shape[c.dim]}"
+            for c in cuts]
+    print(f"{name:<11} ours: {said[0]:<18} PyTorch's: {said[1]}")
+
+# %% [markdown]
+# Which collectives each one issued, read back from the toy backend's log (the size of the
+# tensor each carried, and its bytes on the wire), and what PyTorch's own `CommDebugMode`
+# saw in the DTensor version (through `CommBytes`, as for attention in section 5):
+
+# %%
+for label, run in (("ours", mlp), ("PyTorch's", mlp_pytorch)):
+    for phase in ("forward", "backward"):
+        print(f"--- {label}, {phase}\n{calls_table(collective_calls(run.traffic[phase]))}")
+same = all([(k.op, k.payload, k.wire_bytes) for k in collective_calls(mlp.traffic[phase])] ==
+           [(k.op, k.payload, k.wire_bytes) for k in collective_calls(mlp_pytorch.traffic[phase])]
+           for phase in ("forward", "backward"))
+print("\nthe same collectives with the same bytes, pass by pass:", same)
+print("CommDebugMode's record of PyTorch's (collective, tensor bytes):",
+      mlp_pytorch.info["collectives"])
+print(mlp_pytorch.info["comm_table"])
+
+# %% [markdown]
+# One all-reduce of X's size each way, in both. CommDebugMode files them under the layers
+# that issue them: the forward one under fc2, where `RowwiseParallel` sums the partial
+# outputs (Megatron's `g`); the backward one under fc1, where `ColwiseParallel` sums the
+# partial gradients of its replicated input (Megatron's `f`). Unlike attention, the MLP
+# needs no `PrepareModuleInput`: it has one column-parallel layer, so there is one input
+# gradient to sum, not three. Ours and PyTorch's are the same algorithm; PyTorch's derives
+# the collectives from the placements instead of having them written out.
+
+# %% [markdown]
 # The slides compare three strategies for one layer with `C_in` inputs, `C_out` outputs and
 # a batch of `B`: data parallelism exchanges the weight gradient (`C_in x C_out` numbers),
 # partition-output the outputs (`B x C_out`), reduce-output `B x C_in`. The explorer runs
@@ -337,7 +416,7 @@ strategy_explorer(batch=8, c_in=64, c_out=128)
 # all-reduces its partial outputs, `B x C_out`), and the ring algorithms move a tensor
 # more than once. The slide's lesson stands: data parallelism moves weights, tensor
 # parallelism moves activations, and which is cheaper depends on the batch against the
-# layer's width (exercise 04.4).
+# layer's width (exercise 04.5 counts where the line falls).
 
 # %% [markdown]
 # ## 5. Self-attention on two GPUs, three ways
@@ -436,8 +515,19 @@ for c in attention.values():
 
 # %% [markdown]
 # Outputs and gradients (every weight and bias, and the input) equal the single-GPU layer
-# in all three. What each one moved, from the toy backend's log (PyTorch's DTensor runs
-# its collectives on the toy backend like any other code):
+# in all three.
+#
+# **Exercise 04.3 (predict first).** The next cell prints what each split moved. Before you
+# run it: how many bytes does the book's forward pass (steps 1 to 5 above) put on the
+# wire, both GPUs together, with batch 2, 4 tokens, `d_model = 8` and fp32?
+
+# %%
+answer_04_3 = ...
+check("04.3", answer_04_3)
+
+# %% [markdown]
+# What each one moved, from the toy backend's log (PyTorch's DTensor runs its collectives
+# on the toy backend like any other code):
 
 # %%
 for name in attention:
@@ -520,8 +610,10 @@ print(unprepared.summary())
 print(unprepared.info["comm_table"])
 
 # %% [markdown]
-# The book's forward and backward passes, step by step, with the bytes of each collective
-# as the toy backend logged them:
+# The book's forward and backward passes, step by step and top to bottom in the order
+# they can happen, with the bytes of each collective as the toy backend logged them. The
+# backward pass must gather Q and K again before it can recompute the probabilities from
+# them:
 
 # %%
 from parlab.viz.plots import attention_bytes_figure, book_attention_figure
@@ -632,7 +724,16 @@ for place in layout((4, 6, 4, 2), tensor=2):
 # all-reduces carry. (With data-parallel copies of the pipeline, chapter 03, the copies'
 # gradients of the same weights would be summed.)
 #
-# Batch of 4 context vectors in 2 micro-batches, compared with the same network
+# **Exercise 04.4 (predict first).** The next cell runs this network on a batch of 4
+# context vectors in fp32, in 2 micro-batches, and prints the bytes per type of link.
+# Before you run it: how many bytes cross the rail switches in the forward pass?
+
+# %%
+answer_04_4 = ...
+check("04.4", answer_04_4)
+
+# %% [markdown]
+# The batch of 4 context vectors in 2 micro-batches, compared with the same network
 # (`parlab.models.BookMLP`) on one device:
 
 # %%
@@ -718,44 +819,24 @@ for tensor in (4, 6):
 # %% [markdown]
 # ## 7. Exercises
 #
-# Replace each `...` with your answer and run the cell. The checker says whether you are
-# right and why, without giving the answer away.
+# Exercises 04.1 to 04.4 are in sections 1, 4, 5 and 6, each before the cell that prints
+# its answer. One more, on a layer size this notebook never runs.
 #
-# **Exercise 04.1.** GPT-3 175B with tensor-parallel degree 8: how many parameters of one
-# attention layer's four weight matrices (W_Q, W_K, W_V, W_O; no biases) does one GPU hold?
+# **Exercise 04.5 (compute or run).** A linear layer with `C_in = 64` inputs and
+# `C_out = 96` outputs, on 2 GPUs, in fp32. Count everything a training step puts on the
+# wire (forward and backward, ring collectives): what is the largest batch B for which the
+# slides' reduce-output split moves no more bytes than data parallelism? Work it out from
+# the collectives each strategy runs (section 4), or measure: `run_layer_strategy` from
+# `parlab.tensor_parallel` runs one strategy on toy ranks (`.total_bytes()` gives each
+# pass), and the explorer of section 4 takes these sizes too.
 
 # %%
-from parlab.exercises import check
-
-answer_04_1 = ...
-check("04.1", answer_04_1)
+answer_04_5 = ...
+check("04.5", answer_04_5)
 
 # %% [markdown]
-# **Exercise 04.2.** The book's attention forward pass on 2 ranks uses `broadcast`,
-# `all_gather` and `all_reduce`. Which of them does Megatron's split not need? Answer a
-# set of names, such as `{"all_reduce"}`.
-
-# %%
-answer_04_2 = ...
-check("04.2", answer_04_2)
-
-# %% [markdown]
-# **Exercise 04.3.** Figure 8-19 with 4 inputs and layers of 6, 4 and 2 neurons, a batch
-# of 4 context vectors in fp32: how many bytes cross the rail switches in the forward pass?
-# (Work it out, then compare with section 6.)
-
-# %%
-answer_04_3 = ...
-check("04.3", answer_04_3)
-
-# %% [markdown]
-# **Exercise 04.4.** A layer with `C_in = 1024` and `C_out = 4096`: what is the largest
-# batch B for which partition-output (`B x C_out` numbers) moves no more than data
-# parallelism (`C_in x C_out`)?
-
-# %%
-answer_04_4 = ...
-check("04.4", answer_04_4)
+# Worked solutions are in `pkg/parlab/exercises/ch04_solutions.py`. This notebook does not
+# import it; open it once you have tried.
 
 # %% [markdown]
 # ## What's next

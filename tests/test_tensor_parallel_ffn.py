@@ -3,7 +3,7 @@ exercises and figures."""
 import pytest
 
 from parlab.comm import ring_wire_bytes
-from parlab.tensor_parallel import counting, run_ffn
+from parlab.tensor_parallel import counting, run_ffn, run_layer_strategy
 from parlab.comm import figure_8_19
 from parlab.tensor_parallel import layout
 
@@ -63,13 +63,72 @@ def test_slide_formulas():
     assert ring_wire_bytes("all_reduce", 100, 1) == 0
 
 
-def test_exercises_accept_right_answers_and_hide_them():
+#: Chapter 04's answers, worked out by hand from the questions' sizes (ring collectives on N
+#: GPUs, all GPUs together: all-gather and broadcast (N - 1) S, all-reduce 2 (N - 1) S).
+X_BYTES = 2 * 4 * 8 * 4  # batch 2 x 4 tokens x d_model 8, fp32
+CH04 = {
+    "04.1": 4 * 12288 * 12288 // 8,                     # four d x d matrices, an eighth each
+    "04.2": 2 * X_BYTES,                                 # one all-reduce of X's size, N = 2
+    "04.3": X_BYTES + X_BYTES + X_BYTES + 2 * X_BYTES,   # broadcast X, gather Q, K, sum output
+    "04.4": 2 * (4 * 6 * 4 + 4 * 4 * 4),                 # H1's and H2's outputs, on 2 rails
+    # data: 2 x (64 x 96 x 4) per step; reduce-output: 2 x (96 x 4) + 64 x 4 per sample
+    "04.5": (2 * 64 * 96 * 4) // (2 * 96 * 4 + 64 * 4),
+}
+
+
+def test_chapter_04_exercises_accept_the_hand_computed_answers_and_hide_them():
     from parlab.exercises import check
-    from parlab.exercises.ch04 import _answers
-    for exercise_id, answer in _answers().items():
+    assert CH04 == {"04.1": 75497472, "04.2": 512, "04.3": 1280, "04.4": 320, "04.5": 48}
+    for exercise_id, answer in CH04.items():
         assert check(exercise_id, answer).ok is True, exercise_id
-        wrong = check(exercise_id, 12345)
-        assert wrong.ok is False and str(answer) not in wrong.message
+        assert check(exercise_id, float(answer)).ok is True, exercise_id
+        for wrong_answer in (answer + 1, answer // 2, 2 * answer, 12345):
+            verdict = check(exercise_id, wrong_answer)
+            assert verdict.ok is False, (exercise_id, wrong_answer)
+            assert f"{answer}" not in verdict.message.replace(",", ""), (exercise_id, verdict)
+
+
+def test_chapter_04_hints_name_the_mistake():
+    from parlab.exercises import check
+    assert "size of the tensor being summed" in check("04.2", X_BYTES).message
+    assert "hidden layer" in check("04.2", 2 * 4 * 32 * 4).message         # d_ff-wide tensor
+    assert "Short by one tensor" in check("04.3", 4 * X_BYTES).message    # all-reduce once
+    assert "after the output projection" in check("04.3", 3 * X_BYTES).message
+    assert "NVLink" in check("04.4", 4 * (6 + 4 + 2) * 4).message      # the all-gathers
+    assert "two rails" in check("04.4", 160).message
+    assert "slide's break-even" in check("04.5", 96).message
+    assert "already moves more" in check("04.5", 49).message
+    assert "try larger" in check("04.5", 40).message
+    assert check("04.5", 47.5).ok is False and check("04.1", "many").ok is False
+
+
+def test_chapter_04_break_even_is_what_the_toy_backend_measures():
+    """At B = 48 reduce-output moves exactly what data parallelism moves; at 50, more."""
+    data = sum(run_layer_strategy("data", batch=48, c_in=64, c_out=96,
+                                  backend="toy").total_bytes().values())
+    for batch, relation in ((48, "equal"), (50, "more")):
+        moved = sum(run_layer_strategy("reduce_output", batch=batch, c_in=64, c_out=96,
+                                       backend="toy").total_bytes().values())
+        assert (moved == data) if relation == "equal" else (moved > data), (batch, moved, data)
+
+
+def test_chapter_04_solutions_are_out_of_the_notebooks_reach_and_agree():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from parlab.exercises import ch04
+    from parlab.exercises.ch04_solutions import solutions
+    assert not hasattr(ch04, "_answers")
+    # importing the exercises (what the notebook does) does not load the solutions
+    loaded = subprocess.run([sys.executable, "-c", "import sys, parlab.exercises; "
+                             "print('parlab.exercises.ch04_solutions' in sys.modules)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False"
+    chapter = Path(__file__).resolve().parents[1] / "chapters" / "04_tensor_parallelism.py"
+    assert "import ch04_solutions" not in chapter.read_text()
+    assert "ch04_solutions import" not in chapter.read_text()
+    assert {k: s.answer for k, s in solutions().items()} == CH04
 
 
 def test_chapter_figures_are_registered():

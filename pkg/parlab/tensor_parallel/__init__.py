@@ -3,10 +3,11 @@
 Bottom up: ``sharding`` (who owns which slice of a tensor), ``mappings`` (the f and g
 operators as autograd functions: what each collective's backward is), ``layers``
 (column- and row-parallel linear layers, vocabulary-parallel embeddings, under Megatron-LM's
-names), ``attention`` (self-attention split three ways: the book's, Megatron's, DTensor's),
+names), ``dtensor`` (the same splits through PyTorch's ``parallelize_module``),
+``attention`` (self-attention split three ways: the book's, Megatron's, DTensor's),
 ``ffn`` (Figure 8-19's feed-forward network on 6 GPUs), ``counting`` (the chapter's numbers
-as formulas), ``runs`` and ``layer_runs`` (each split on real ranks beside its one-device
-twin), ``book`` (the evidence for the chapter's slips: what the collectives carry, one
+as formulas), ``runs``, ``mlp_runs`` and ``layer_runs`` (each split on real ranks beside
+its one-device twin), ``book`` (the evidence for the chapter's slips: what the collectives carry, one
 layer's memory, the rounding of its counts). Imports :mod:`parlab.launch`, :mod:`parlab.comm`,
 :mod:`parlab.models`, :mod:`parlab.memory` and :mod:`parlab.pipeline`.
 """
@@ -23,9 +24,9 @@ from parlab.tensor_parallel.layers import (
     BroadcastEmbedding, ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
     VocabParallelEmbedding
 )
+from parlab.tensor_parallel.dtensor import default_mesh, dtensor_local_grads, dtensor_mlp
 from parlab.tensor_parallel.attention import (
-    PROJECTIONS, attend, BookAttention, dtensor_attention, dtensor_local_grads, MegatronAttention,
-    SelfAttention
+    PROJECTIONS, attend, BookAttention, dtensor_attention, MegatronAttention, SelfAttention
 )
 from parlab.tensor_parallel.ffn import (
     FIGURE_8_19_SIZES, ffn_data, ffn_rank, layout, link_of, Placement, reference_ffn
@@ -44,9 +45,9 @@ from parlab.tensor_parallel.book import (
     softmax_and_context
 )
 from parlab.tensor_parallel.layer_runs import (
-    EMBEDDINGS, STRATEGIES, embedding_rank, mlp_rank, run_embedding, run_layer_strategy, run_mlp,
-    strategy_rank
+    EMBEDDINGS, STRATEGIES, embedding_rank, run_embedding, run_layer_strategy, strategy_rank
 )
+from parlab.tensor_parallel.mlp_runs import MLP_VARIANTS, mlp_rank, run_mlp
 
 __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "even_ranges",
            "balanced_ranges", "check_degree", "divisors", "copy_to_region", "reduce_from_region",
@@ -63,4 +64,5 @@ __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "ev
            "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "mlp_rank", "embedding_rank",
            "strategy_rank", "CollectiveCall", "collective_calls", "calls_table",
            "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
-           "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes"]
+           "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
+           "default_mesh", "dtensor_mlp", "MLP_VARIANTS"]

@@ -52,7 +52,7 @@ from parlab.tensor_parallel.mappings import (
 from parlab.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["SelfAttention", "attend", "BookAttention", "MegatronAttention", "dtensor_attention",
-           "dtensor_local_grads", "PROJECTIONS"]
+           "PROJECTIONS"]
 
 #: The reference's projections, in the book's letters.
 PROJECTIONS = {"q_proj": "W_Q", "k_proj": "W_K", "v_proj": "W_V", "out_proj": "W_O"}
@@ -275,21 +275,11 @@ def dtensor_attention(ref: SelfAttention, mesh=None, prepare_input: bool = True)
     ``mesh`` defaults to a 1-D mesh over every rank. Any backend whose groups have names
     works: gloo, nccl, and parlab's toy backend, whose log then holds the bytes DTensor moved.
     """
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, parallelize_module)
-    if mesh is None:
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        try:
-            mesh = init_device_mesh(device, (dist.get_world_size(),))
-        except RuntimeError as err:
-            if "name not set" not in str(err):
-                raise
-            raise RuntimeError(f"PyTorch's DeviceMesh needs the process group's group_name, which "
-                               f"backend {dist.get_backend()!r} does not provide under torch "
-                               f"{torch.__version__}; run this variant with backend 'gloo', "
-                               f"'nccl' or 'toy'") from err
+    from parlab.tensor_parallel.dtensor import default_mesh
+    mesh = default_mesh() if mesh is None else mesh
     check_degree(mesh.size(), ref.n_heads, "attention heads")
     module = copy.deepcopy(ref)
     if prepare_input:
@@ -300,25 +290,3 @@ def dtensor_attention(ref: SelfAttention, mesh=None, prepare_input: bool = True)
     plan_["out_proj"] = RowwiseParallel()
     return parallelize_module(module, mesh, plan_)
 
-
-def dtensor_local_grads(module: nn.Module) -> dict:
-    """``{name: (local gradient, ShardSpec or None)}`` from a DTensor-parallel module's gradients.
-
-    Reads each gradient's local shard and placement (no collective, so nothing is added to
-    a traffic log): ``Shard(d)`` becomes a ShardSpec along dim d, ``Replicate`` None.
-    """
-    from torch.distributed.tensor import Replicate, Shard
-    out = {}
-    for name, param in module.named_parameters():
-        grad = param.grad
-        placement = grad.placements[0]
-        if isinstance(placement, Replicate):
-            out[name] = (grad.to_local(), None)
-        elif isinstance(placement, Shard):
-            kind = "rows" if placement.dim == 0 else "columns"
-            spec = shard_spec(name, tuple(grad.shape), kind, grad.device_mesh.size(),
-                        dim=placement.dim)[grad.device_mesh.get_local_rank()]
-            out[name] = (grad.to_local(), spec)
-        else:
-            raise ValueError(f"{name}: unexpected gradient placement {placement}")
-    return out

@@ -1,5 +1,6 @@
-"""Run the smaller tensor-parallel pieces on real ranks: the Megatron MLP, the two embeddings, and
-one linear layer under each of the slide deck's three strategies.
+"""Run the smaller tensor-parallel pieces on real ranks: the two embeddings, and one linear layer
+under each of the slide deck's three strategies (the Megatron MLP is in
+:mod:`parlab.tensor_parallel.mlp_runs`).
 
 Why a module of its own: each run here is the same three moves as the attention runs in
 :mod:`parlab.tensor_parallel` (build from a single-device layer, forward and backward on
@@ -24,8 +25,8 @@ from parlab.launch import run
 from parlab.tensor_parallel.runs import Comparison, _Phases, merge_grads, phase_split
 from parlab.tensor_parallel.sharding import _positive, balanced_ranges, check_degree
 
-__all__ = ["run_mlp", "run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES",
-           "mlp_rank", "embedding_rank", "strategy_rank"]
+__all__ = ["run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "embedding_rank",
+           "strategy_rank"]
 
 #: The two ways chapter 04 holds a word-embedding table.
 EMBEDDINGS = {
@@ -68,47 +69,6 @@ def _collect(results, reference: dict, name: str, info=None, holders=None) -> Co
     holders = [results[i] for i in holders] if holders is not None else results
     parallel.update({f"{n}.grad": g for n, g in merge_grads([r["grads"] for r in holders]).items()})
     return Comparison(name, parallel, reference, phase_split(results), info or {})
-
-
-# --------------------------------------------------------------------------- Megatron MLP
-
-def _mlp_setup(d_model, d_ff, batch, seq, seed):
-    from parlab.models import MLP
-    torch.manual_seed(seed)
-    mlp = MLP(d_model, d_ff)
-    g = _generator(seed + 1)
-    return mlp, torch.randn(batch, seq, d_model, generator=g), torch.randn(batch, seq, d_model,
-                                                                          generator=g)
-
-
-def mlp_rank(d_model, d_ff, batch, seq, seed) -> dict:
-    """One rank of :func:`run_mlp`."""
-    from parlab.tensor_parallel.layers import TensorParallelMLP
-    mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
-    layer = TensorParallelMLP.from_mlp(mlp)
-    x.requires_grad_()
-    out, phases = _forward_backward(layer, x, weight)
-    grads = {"fc1.weight": (layer.fc1.weight.grad, layer.fc1.spec),
-             "fc1.bias": (layer.fc1.bias.grad, layer.fc1.spec.bias()),
-             "fc2.weight": (layer.fc2.weight.grad, layer.fc2.spec),
-             "fc2.bias": (layer.fc2.bias.grad, None)}
-    return {"output": out.detach(), "x.grad": x.grad, "grads": grads, "traffic": phases.result()}
-
-
-def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, world_size: int = 2,
-            backend: str = "gloo", seed: int = 0) -> Comparison:
-    """The Megatron MLP (column-parallel fc1, row-parallel fc2) next to ``parlab.models.MLP``."""
-    for name, value in (("d_model", d_model), ("batch", batch), ("seq", seq)):
-        _positive(name, value)
-    check_degree(world_size, d_ff, "hidden neurons of the MLP (d_ff)", "world_size")
-    results = run(mlp_rank, world_size, d_model, d_ff, batch, seq, seed, backend=backend)
-    mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
-    x.requires_grad_()
-    out = mlp(x)
-    (out * weight).sum().backward()
-    reference = {"output": out.detach(), "x.grad": x.grad}
-    reference.update({f"{n}.grad": p.grad for n, p in mlp.named_parameters()})
-    return _collect(results, reference, "megatron mlp", {"world_size": world_size})
 
 
 # --------------------------------------------------------------------------- embeddings

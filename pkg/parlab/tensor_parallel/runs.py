@@ -87,6 +87,9 @@ class CommBytes(CommDebugMode):
     dispatcher (``_c10d_functional``), where this mode reads them, on any backend.
     """
 
+    #: The keys of :meth:`report`, what a run hands back from the ranks.
+    REPORT = ("collectives", "comm_counts", "comm_table")
+
     def __init__(self):
         super().__init__()
         self.records: list[tuple[str, int]] = []
@@ -119,6 +122,10 @@ class CommBytes(CommDebugMode):
         every = self.comm_module_counts["Global"]
         return {phase: {str(op): n for op, n in every[phase].items()}
                 for phase in ("forward", "backward")}
+
+    def report(self) -> dict:
+        """Plain data for a run's ``info``: :meth:`by_phase`, :meth:`phase_counts`, :meth:`table`."""
+        return dict(zip(self.REPORT, (self.by_phase(), self.phase_counts(), self.table(0))))
 
     def table(self, noise_level: int = 0) -> str:
         """CommDebugMode's tracing table, module by module, as plain text (no colour codes).
@@ -261,6 +268,7 @@ def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, s
                    grad_sync="all_reduce", prepare_input=True) -> dict:
     """One rank's part of :func:`run_attention`: build the variant, forward, backward."""
     from parlab.tensor_parallel import attention as tpa
+    from parlab.tensor_parallel.dtensor import dtensor_local_grads
     ref = tpa.SelfAttention(d_model, n_heads, causal, seed=seed)
     x, weight = _attention_inputs(d_model, batch, seq, seed)
     if variant == "book":
@@ -281,10 +289,8 @@ def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, s
         phases.mark()
         (out * weight).sum().backward()
         phases.mark()
-    grads = (layer.local_grads() if variant != "pytorch" else tpa.dtensor_local_grads(layer))
-    seen = ({"collectives": comm.by_phase(), "comm_counts": comm.phase_counts(),
-             "comm_table": comm.table(0)} if comm is not None else
-            {"collectives": None, "comm_counts": None, "comm_table": None})
+    grads = layer.local_grads() if variant != "pytorch" else dtensor_local_grads(layer)
+    seen = comm.report() if comm is not None else dict.fromkeys(CommBytes.REPORT)
     return {"output": out.detach().clone(), "x.grad": x.grad, "grads": grads,
             "specs": {name: spec for name, (_, spec) in grads.items()},
             "traffic": phases.result(), **seen}
@@ -324,8 +330,7 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     reference = reference_attention(d_model, n_heads, batch, seq, causal, seed)
     return Comparison(variant, parallel, reference, phase_split(results),
                       {"specs": [r["specs"] for r in results], "world_size": world_size,
-                       **{key: results[0][key]
-                          for key in ("collectives", "comm_counts", "comm_table")}})
+                       **{key: results[0][key] for key in CommBytes.REPORT}})
 
 
 # --------------------------------------------------------------------------- Figure 8-19

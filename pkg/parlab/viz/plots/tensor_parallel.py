@@ -16,7 +16,8 @@ from parlab.viz.registry import figure
 from parlab.units import format_bytes
 from parlab.viz.style import GPU_COLORS
 
-__all__ = ["qkv_sharding_figure", "book_attention_figure", "ffn_figure", "attention_bytes_figure",
+__all__ = ["qkv_sharding_figure", "book_attention_figure", "book_attention_rows",
+           "BOOK_ATTENTION_STEPS", "ffn_figure", "attention_bytes_figure",
            "strategy_figure", "memory_figure", "format_bytes"]
 
 _NAMES = ("A1", "A2")
@@ -71,63 +72,86 @@ def _calls(log) -> list[tuple[str, int]]:
     return [(op, n) for (_, op, call), n in sorted(calls.items(), key=lambda kv: kv[0][2])]
 
 
-#: What each collective of the book's attention carries, in call order (forward, backward).
-_BOOK_TENSORS = {"forward": ["X (embeddings)", "Q slices", "K slices", "partial outputs"],
-                 "backward": ["Q slices again", "K slices again", "dQ contributions",
-                              "dK contributions", "dX contributions to A1"]}
-_BOOK_COMPUTE = {"forward": ["A1: look up X", "both: Q, K, V = X W (own columns)",
-                             "both: softmax(QK^T/sqrt d) x own V columns; x own rows of W_O",
-                             "both: output = sum of the two"],
-                 "backward": ["both: recompute the probabilities from the whole Q and K",
-                              "both: dV (own), dQ and dK (whole, partial sums)",
-                              "both: keep own slice of dQ, dK; dW_Q, dW_K, dW_V; partial dX",
-                              "A1: dX for the embedding table"]}
+#: Each pass of the book's attention in causal order: ("compute", what the GPUs do) or
+#: ("collective", the tensor it carries). The collectives are the log's, in call order;
+#: nothing is drawn before what it needs (the backward pass gathers Q and K again before
+#: it can recompute the probabilities from them).
+BOOK_ATTENTION_STEPS = {
+    "forward": [("compute", "A1: look up X"),
+                ("collective", "X (embeddings)"),
+                ("compute", "both: Q, K, V = X W (own columns)"),
+                ("collective", "Q slices"),
+                ("collective", "K slices"),
+                ("compute", "both: softmax(QK^T/sqrt d) x own V columns; x own rows of W_O"),
+                ("collective", "partial outputs"),
+                ("compute", "both: output = the summed partial outputs + bias")],
+    "backward": [("compute", "both: d(output) x own rows of W_O: dW_O rows, d(own context)"),
+                 ("collective", "Q slices again"),
+                 ("collective", "K slices again"),
+                 ("compute", "both: recompute the probabilities from the whole Q and K"),
+                 ("compute", "both: dV (own), dQ and dK (whole, partial sums)"),
+                 ("collective", "dQ contributions"),
+                 ("collective", "dK contributions"),
+                 ("compute", "both: keep own slice of dQ, dK; dW_Q, dW_K, dW_V; partial dX"),
+                 ("collective", "dX contributions to A1"),
+                 ("compute", "A1: dX for the embedding table")],
+}
+
+
+def book_attention_rows(calls: list[tuple[str, int]], phase: str) -> list[tuple[str, str, int]]:
+    """``[(kind, text, bytes)]`` of one pass in causal order: :data:`BOOK_ATTENTION_STEPS`
+    with the logged ``calls`` ((op, bytes), in call order) in the collectives' places.
+
+    A log with another number of collectives than the book's (a variant this figure was not
+    drawn for) keeps the compute steps and lists its collectives after them, by name.
+    """
+    steps = BOOK_ATTENTION_STEPS[phase]
+    slots = [text for kind, text in steps if kind == "collective"]
+    if len(calls) != len(slots):
+        return ([("compute", text, 0) for kind, text in steps if kind == "compute"] +
+                [("collective", op.replace("_", "-"), n) for op, n in calls])
+    rows, pending = [], iter(calls)
+    for kind, text in steps:
+        if kind == "compute":
+            rows.append((kind, text, 0))
+        else:
+            op, nbytes = next(pending)
+            rows.append((kind, f"{op.replace('_', '-')}: {text}", nbytes))
+    return rows
 
 
 def book_attention_figure(comparison):
     """Figure 8-18 (and its backward pass): the book's steps on A1 and A2 and the bytes of each
-    collective, read from ``comparison`` (a toy run of ``run_attention("book")``)."""
+    collective, read from ``comparison`` (a toy run of ``run_attention("book")``), each pass
+    top to bottom in causal order."""
     if comparison.traffic is None:
         raise ValueError("the figure needs a run on the toy backend (backend='toy')")
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6.4))
     for ax, phase in zip(axes, ("forward", "backward")):
-        calls = _calls(comparison.traffic[phase])
-        labels = _BOOK_TENSORS[phase]
-        rows = []
-        for i, (op, nbytes) in enumerate(calls):
-            what = labels[i] if len(calls) == len(labels) else op
-            rows.append((f"{op.replace('_', '-')}: {what}", nbytes))
-        steps = _BOOK_COMPUTE[phase]
+        rows = book_attention_rows(_calls(comparison.traffic[phase]), phase)
         y = 0
-        for i, text in enumerate(steps):
-            ax.add_patch(Rectangle((0, y), 10, 0.8, facecolor="#F2F2F2", edgecolor="#999999"))
-            ax.text(5, y + 0.4, text, ha="center", va="center", fontsize=9)
-            y += 1
-            for label, nbytes in rows[_split(len(rows), len(steps))[i]]:
+        for kind, text, nbytes in rows:
+            if kind == "compute":
+                ax.add_patch(Rectangle((0, y), 10, 0.8, facecolor="#F2F2F2",
+                                       edgecolor="#999999"))
+                ax.text(5, y + 0.4, text, ha="center", va="center", fontsize=9)
+                y += 1
+            else:
                 ax.add_patch(Rectangle((1, y), 8, 0.7, facecolor=GPU_COLORS["A2"], alpha=0.25,
                                        edgecolor=GPU_COLORS["A2"]))
-                ax.text(5, y + 0.35, f"{label}  ({format_bytes(nbytes)})", ha="center",
+                ax.text(5, y + 0.35, f"{text}  ({format_bytes(nbytes)})", ha="center",
                         va="center", fontsize=9, weight="bold")
                 y += 0.9
-        total = sum(n for _, n in rows)
+        collectives = [n for kind, _, n in rows if kind == "collective"]
         ax.set_xlim(0, 10)
         ax.set_ylim(y + 0.2, -0.2)
         ax.axis("off")
-        ax.set_title(f"{phase}: {len(rows)} collectives, {format_bytes(total)} on the wire",
-                     fontsize=11)
-    fig.suptitle("Figure 8-18, the book's tensor-parallel self-attention on A1 and A2 "
-                 "(bytes from the toy backend's log)", fontsize=11)
+        ax.set_title(f"{phase}: {len(collectives)} collectives, "
+                     f"{format_bytes(sum(collectives))} on the wire", fontsize=11)
+    fig.suptitle("Figure 8-18, the book's tensor-parallel self-attention on A1 and A2, top to "
+                 "bottom (bytes from the toy backend's log)", fontsize=11)
     fig.tight_layout()
     return fig
-
-
-def _split(n_rows: int, n_steps: int) -> list[slice]:
-    """Which collectives follow which compute step (the book's order: 1, 2, 1, 0 forward...)."""
-    if (n_rows, n_steps) == (4, 4):
-        return [slice(0, 1), slice(1, 3), slice(3, 4), slice(4, 4)]
-    if (n_rows, n_steps) == (5, 4):
-        return [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 5)]
-    return [slice(0, n_rows)] + [slice(n_rows, n_rows)] * (n_steps - 1)
 
 
 def ffn_figure(comparison, phases=("forward", "backward")):

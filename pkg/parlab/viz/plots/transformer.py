@@ -28,56 +28,67 @@ def _count(n: int) -> str:
 
 
 def transformer_figure(config: TransformerConfig = GPT3_175B):
-    """The decoder stack of ``config``: embeddings, one block opened up, the LM head."""
+    """The decoder stack of ``config``: embeddings, one block opened up, the LM head.
+
+    The boxes are stacked bottom up with room for every label: a label too long for one
+    line is broken in two, and the notes on the right sit outside the dashed block.
+    """
     counts = count_parameters(config)
     c = config
-    fig, ax = plt.subplots(figsize=(8.2, 8.4))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 13.0)
-    ax.axis("off")
-
-    def box(y, text, color, x=1.2, w=7.6, h=0.8, weight="normal"):
-        ax.add_patch(plt.Rectangle((x, y), w, h, facecolor=color, edgecolor="#555", lw=1))
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9, weight=weight)
-
-    def arrow(y0, y1):
-        ax.annotate("", xy=(5, y1), xytext=(5, y0), arrowprops=dict(arrowstyle="->", color="#444"))
-
-    box(0.2, "input words x1, x2, ...  ->  token ids", "#eeeeee")
-    arrow(1.0, 1.4)
-    box(1.4, f"token embedding {c.vocab:,} x {c.d_model:,} ({_count(counts['token_embedding'])})"
-        f"  +  position {c.context:,} x {c.d_model:,} ({_count(counts['position_embedding'])})",
-        "#d9e7f5")
-    arrow(2.2, 2.7)
-    ax.add_patch(plt.Rectangle((0.8, 2.7), 8.4, 7.9, facecolor="none", edgecolor="#4C72B0",
-                               lw=2, ls="--"))
-    ax.text(9.1, 10.35, f"x {c.n_layers} blocks = {_count(counts['blocks'])}", ha="right",
-            va="center", fontsize=10, color="#4C72B0", weight="bold")
-    box(3.0, "LayerNorm", "#f3f3f3", h=0.6)
-    arrow(3.6, 4.0)
-    box(4.0, f"self-attention: W_Q, W_K, W_V, W_O ({c.n_heads} heads of {c.d_head})\n"
-        f"4 x {c.d_model:,} x {c.d_model:,} + biases = {_count(counts['attention'])}",
-        "#c9e4c5", h=1.2, weight="bold")
-    ax.text(9.0, 4.6, "Figures\n8-16 to 8-18", ha="left", va="center", fontsize=8, color="#555")
-    arrow(5.2, 5.6)
-    box(5.6, "add the block's input (residual)", "#f3f3f3", h=0.6)
-    arrow(6.2, 6.6)
-    box(6.6, "LayerNorm", "#f3f3f3", h=0.6)
-    arrow(7.2, 7.6)
-    box(7.6, f"feed-forward: {c.d_model:,} -> {c.d_ff:,} (GELU) -> {c.d_model:,}\n"
-        f"2 x {c.d_model:,} x {c.d_ff:,} + biases = {_count(counts['feed_forward'])}",
-        "#f6d5c3", h=1.2, weight="bold")
-    ax.text(9.0, 8.2, "Figure\n8-19", ha="left", va="center", fontsize=8, color="#555")
-    arrow(8.8, 9.2)
-    box(9.2, "add (residual)", "#f3f3f3", h=0.6)
-    arrow(10.6, 11.0)
-    box(11.0, "final LayerNorm", "#f3f3f3", h=0.6)
-    arrow(11.6, 12.0)
     head = ("shares the token embedding's weights" if c.tied_embeddings
             else f"{_count(counts['lm_head'])} weights")
-    box(12.0, f"output projection to {c.vocab:,} words ({head}), softmax", "#e7d9f0")
+    block = "block"  # the boxes inside the dashed frame of one decoder block
+    # (text, colour, height, bold, where, note on the right) from the bottom up
+    stack = [
+        ("input words x1, x2, ...  ->  token ids", "#eeeeee", 0.7, False, None, None),
+        (f"token embedding {c.vocab:,} x {c.d_model:,} ({_count(counts['token_embedding'])})\n"
+         f"+ position {c.context:,} x {c.d_model:,} ({_count(counts['position_embedding'])})",
+         "#d9e7f5", 1.0, False, None, None),
+        ("LayerNorm", "#f3f3f3", 0.6, False, block, None),
+        (f"self-attention: W_Q, W_K, W_V, W_O ({c.n_heads} heads of {c.d_head})\n"
+         f"4 x {c.d_model:,} x {c.d_model:,} + biases = {_count(counts['attention'])}",
+         "#c9e4c5", 1.1, True, block, "Figures\n8-16 to 8-18"),
+        ("add the block's input (residual)", "#f3f3f3", 0.6, False, block, None),
+        ("LayerNorm", "#f3f3f3", 0.6, False, block, None),
+        (f"feed-forward: {c.d_model:,} -> {c.d_ff:,} (GELU) -> {c.d_model:,}\n"
+         f"2 x {c.d_model:,} x {c.d_ff:,} + biases = {_count(counts['feed_forward'])}",
+         "#f6d5c3", 1.1, True, block, "Figure\n8-19"),
+        ("add (residual)", "#f3f3f3", 0.6, False, block, None),
+        ("final LayerNorm", "#f3f3f3", 0.6, False, None, None),
+        (f"output projection to {c.vocab:,} words, softmax\n({head})", "#e7d9f0", 1.0, False,
+         None, None),
+    ]
+    x, w, gap, frame, label = 0.8, 8.4, 0.45, 0.35, 0.5  # label: room for "x 96 blocks"
+    fig, ax = plt.subplots(figsize=(8.6, 9.0))
+    y, tops, block_rows = 0.2, [], []
+    for i, (text, color, h, bold, where, note) in enumerate(stack):
+        if i:  # an arrow from the box below, across the gap and any edge of the frame
+            below = stack[i - 1][4]
+            margin = (frame if where == block and below is None else
+                      frame + label if where is None and below == block else 0)
+            y = tops[-1] + gap + margin
+            ax.annotate("", xy=(x + w / 2, y), xytext=(x + w / 2, tops[-1]),
+                        arrowprops=dict(arrowstyle="->", color="#444"))
+        ax.add_patch(plt.Rectangle((x, y), w, h, facecolor=color, edgecolor="#555", lw=1))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9,
+                weight="bold" if bold else "normal")
+        if note:
+            ax.text(x + w + frame + 0.2, y + h / 2, note, ha="left", va="center", fontsize=8,
+                    color="#555")
+        if where == block:
+            block_rows.append((y, y + h))
+        tops.append(y + h)
+    low, high = block_rows[0][0] - frame, block_rows[-1][1] + frame + label
+    ax.add_patch(plt.Rectangle((x - frame, low), w + 2 * frame, high - low, facecolor="none",
+                               edgecolor="#4C72B0", lw=2, ls="--"))
+    ax.text(x + w, high - 0.25, f"x {c.n_layers} blocks = {_count(counts['blocks'])}",
+            ha="right", va="center", fontsize=10, color="#4C72B0", weight="bold")
+    ax.set_xlim(0, 11.4)
+    ax.set_ylim(0, tops[-1] + 0.2)
+    ax.axis("off")
     ax.set_title(f"Figure 8-15: {c.name}, {counts['total']:,} parameters "
                  f"(about {_count(counts['total'])})", fontsize=11)
+    fig.tight_layout()
     return fig
 
 
@@ -106,14 +117,14 @@ def qkv_example(tokens=(3, 7, 1, 5), seed: int = 0) -> dict[str, torch.Tensor]:
 def local_qkv_figure(tokens=(3, 7, 1, 5), seed: int = 0):
     """Figure 8-16: X times W_Q, W_K, W_V on one GPU, as heat maps of the real numbers."""
     m = qkv_example(tokens, seed)
-    fig, axes = plt.subplots(3, 3, figsize=(9, 7.2),
+    fig, axes = plt.subplots(3, 3, figsize=(10, 7.2), layout="constrained",
                              gridspec_kw={"width_ratios": [1, 1, 1]})
-    limit = max(float(t.abs().max()) for t in m.values())
+    limit = max(float(t.abs().max()) for t in m.values())  # one scale for all nine panels
     for row, name in enumerate(("Q", "K", "V")):
         for col, (label, t) in enumerate((("X (embeddings)", m["X"]), (f"W_{name}", m[f"W_{name}"]),
                                           (name, m[name]))):
             ax = axes[row, col]
-            ax.imshow(t.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
+            image = ax.imshow(t.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
             ax.set_title(f"{label}  {tuple(t.shape)[0]} x {tuple(t.shape)[1]}", fontsize=9)
             ax.set_xticks([])
             ax.set_yticks(range(t.shape[0]) if col != 1 else [])
@@ -126,7 +137,8 @@ def local_qkv_figure(tokens=(3, 7, 1, 5), seed: int = 0):
     fig.suptitle("Figure 8-16: each token's vector times W_Q, W_K, W_V gives its query, key "
                  "and value\n(4 tokens, d_model 8, from a real model; one GPU holds it all)",
                  fontsize=10)
-    fig.tight_layout()
+    fig.colorbar(image, ax=axes, shrink=0.6, pad=0.02,
+                 label="value of each entry (one colour scale for all nine panels)")
     return fig
 
 
