@@ -157,13 +157,13 @@ book_step_explorer()
 # `dp.step` is the same recipe for any `torch.nn.Module`: forward and backward over this
 # rank's micro-batches (gradients accumulate), then `all_reduce_buckets` sums the gradients
 # over the ranks and divides by their number, then the optimizer updates. The rank
-# function below is all a rank runs for one step; `dp.SGD` is plain SGD with momentum,
-# written out (the tests check it against `torch.optim.SGD`).
+# function below is all a rank runs for one step, with PyTorch's own `torch.optim.SGD` as
+# the optimizer.
 
 # %%
 def one_step(spec):
     model = dp.make_model(spec)
-    optimizer = dp.SGD(model.parameters(), spec.lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr)
     x, y = dp.make_batch(spec, 0)
     mine = dp.split_batch(spec.samples, spec.micro_batches, dist.get_world_size())[dist.get_rank()]
     loss, sync = dp.step(model, optimizer, torch.nn.functional.mse_loss,

@@ -28,7 +28,8 @@
 #    text slips);
 # 3. slide through the eleven time steps (Figures 8-3 to 8-13);
 # 4. run the schedule for real on four ranks and compare the ranks' logs with the table,
-#    and their gradients with ordinary one-process training;
+#    and their gradients with ordinary one-process training; then look at the run's real
+#    timeline, as Perfetto shows it;
 # 5. compare the schedules that came after the book's: GPipe, 1F1B, interleaved 1F1B;
 # 6. run two pipelines side by side with their gradients synchronized (Figure 8-14);
 # 7. run the same model with PyTorch's own `torch.distributed.pipelining`;
@@ -186,6 +187,68 @@ for name, other in runs.items():
 toy_run = execute(book, backend="toy")
 print("messages logged per step = simulated communication list:", toy_run.traffic_matches)
 print(toy_run.traffic_table())
+
+# %% [markdown]
+# ### The timeline of the real run
+#
+# The simulator counts time steps, all of the same length. The ranks live in seconds.
+# While `execute` ran, every rank also timed each of its actions and each `send` and
+# `recv` with `time.perf_counter_ns`. All processes on one machine read that same clock, so
+# the four ranks' times line up. `chrome_trace` writes these *spans* in the Chrome trace
+# format, the same JSON that `torch.profiler` exports. Each rank becomes one track with two
+# rows, "compute" and "communication", and an arrow joins every send to the receive that
+# took its message. Open the file `pipeline_trace.json` (written next to this notebook) at
+# https://ui.perfetto.dev, or at `chrome://tracing` in Chrome, to zoom and click through it.
+#
+# First the facts that cannot change from run to run: one track per rank, and on each
+# track one compute span per action of that rank's row in the schedule.
+
+# %%
+from parlab.comm import trace_summary
+
+trace = run.chrome_trace("pipeline_trace.json")
+actions = [sum(len(book.actions(r, t)) for t in range(book.steps)) for r in range(book.stages)]
+for row in trace_summary(trace):
+    print(f"{row['track']}: {row['compute spans']} compute spans, "
+          f"{row['communication spans']} sends and receives")
+print("compute spans per rank = actions per rank in the schedule:",
+      [row["compute spans"] for row in trace_summary(trace)] == actions)
+
+# %% [markdown]
+# Now the measured part: how long each rank computed, communicated and did nothing at
+# all, and the timeline drawn under the simulated Gantt chart of the same schedule. Colours
+# are as in the Gantt chart: one per micro-batch, light for forward, dark for backward.
+# These numbers change with every run and every machine, so compare them with each other,
+# not with a number in the text.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from parlab.viz.plots import trace_figure
+
+for row in trace_summary(trace):
+    print(f"{row['track']}: compute {row['compute ms']:.2f} ms, communication "
+          f"{row['communication ms']:.2f} ms, idle {row['idle ms']:.2f} ms")
+show(trace_figure(trace, sim))
+
+# %% [markdown]
+# What the simulated chart leaves out shows up in the measured one:
+#
+# * **Steps are not equal.** Here a forward pass moves 2 samples through 4 neurons, a tiny
+#   amount of work, so the compute spans are thin. Handing even a few bytes to another
+#   process goes through the operating system, so the communication row dominates, and a
+#   step lasts as long as its slowest hand-over.
+# * **The bubble is waiting.** In the Gantt chart the bubble is the empty cells. In the
+#   trace it is a `recv` that waits for a message the previous stage has not sent yet.
+#   With gloo a `send` waits as well, until the receiver has posted its `recv`. This is
+#   what blocking point-to-point communication costs, and why real pipelines post their
+#   sends and receives asynchronously (`isend`/`irecv`) and overlap them with compute.
+# * **The order is the schedule's.** Each rank's compute spans follow its row of the
+#   table above, F and B in the same order. The simulator got the order right; only the
+#   durations are new.
+#
+# `parlab.data_parallel.training_trace(runs, path)` writes the same kind of file for a
+# data-parallel run from chapter 02: forward and backward per micro-batch, one `all_reduce`
+# per gradient bucket, and the optimizer step.
 
 # %% [markdown]
 # ## 5. Bubbles and memory: naive, GPipe, 1F1B, interleaved

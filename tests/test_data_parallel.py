@@ -50,7 +50,7 @@ def test_split_batch_rejects_bad_input_clearly():
     assert [len(r) for r in uneven] == [4, 3] and uneven[-1][-1][1] == 15
 
 
-# --------------------------------------------------------------------------- buckets and SGD
+# ------------------------------------------------------------------ buckets and the optimizer
 
 
 def test_buckets_pack_last_tensors_first_under_the_cap():
@@ -64,17 +64,35 @@ def test_buckets_pack_last_tensors_first_under_the_cap():
         dp.make_buckets(ts, 0)
 
 
-def test_hand_written_sgd_matches_torch_optim():
-    a, b = dp.make_model(SPEC), dp.make_model(SPEC)
-    ours = dp.SGD(a.parameters(), 0.05, 0.9)
-    theirs = torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
-    for i in range(3):
-        x, y = dp.make_batch(SPEC, i)
-        for model, opt in ((a, ours), (b, theirs)):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-    assert_states_close(a.state_dict(), b.state_dict(), atol=0)
+def test_the_optimizer_is_torch_sgd_and_a_checkpoint_keeps_its_momentum_on_the_cpu():
+    opt = dp.make_optimizer(SPEC, dp.make_model(SPEC).parameters())
+    assert type(opt) is torch.optim.SGD
+    group = opt.param_groups[0]
+    assert (group["lr"], group["momentum"], group["dampening"], group["nesterov"]) == \
+        (SPEC.lr, SPEC.momentum, 0, False)
+    spec = SPEC.replace(steps=1)
+    run = dp.train(spec, 2)[0]
+    # after one step the momentum buffer is that step's gradient: (w0 - w1) / lr
+    before, after = dp.make_model(spec).state_dict(), run.state
+    state = run.checkpoint["optimizer"]["state"]
+    buffers = [state[i]["momentum_buffer"] for i in sorted(state)]
+    assert len(buffers) == len(before)
+    for buf, name in zip(buffers, before):
+        assert buf.device.type == "cpu"
+        torch.testing.assert_close(buf, (before[name] - after[name]) / spec.lr, atol=1e-5, rtol=0)
+
+
+def _imported_before_the_optimizer(spec):
+    import sys
+    before = "torch._dynamo" in sys.modules
+    dp.make_optimizer(spec, dp.make_model(spec).parameters())
+    return before
+
+
+def test_ranks_find_what_torch_optim_imports_already_loaded():
+    # creating a torch.optim optimizer imports torch._dynamo (seconds): the forkserver
+    # preloads it, so every rank starts with it and no launch pays for it again
+    assert run(_imported_before_the_optimizer, 2, SPEC) == [True, True]
 
 
 # --------------------------------------------------------------------------- equivalence

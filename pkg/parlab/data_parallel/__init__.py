@@ -1,18 +1,18 @@
 """Data parallelism (chapter 02, Figure 8-2): whole replicas, a split batch, averaged gradients.
 
 ``sync`` (splitting the batch, bucketing gradients, the exchange of one step), ``training`` (many
-steps on N real ranks, DDP beside ours, checkpoints and a lost transfer), ``figure_8_2`` (the
-figure on two real ranks, with the book's names), ``scaling`` (bytes per rank measured on the
-toy backend, then modelled up to thousands of GPUs). Imports :mod:`parlab.launch`,
-:mod:`parlab.comm` and :mod:`parlab.models`.
+steps on N real ranks, DDP beside ours, checkpoints and a lost transfer, the ranks' timeline as
+a Chrome trace), ``figure_8_2`` (the figure on two real ranks, with the book's names),
+``scaling`` (bytes per rank measured on the toy backend, then modelled up to thousands of
+GPUs). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and :mod:`parlab.models`.
 """
 
 from parlab.data_parallel.sync import (
     all_reduce_buckets, GradientExchange, make_buckets, split_batch, step, SyncStats
 )
 from parlab.data_parallel.training import (
-    SGD, latest_checkpoint, LostTransfer, make_batch, make_model, max_difference, RankRun,
-    read_journal, reference, train, train_rank, TrainSpec
+    latest_checkpoint, LostTransfer, make_batch, make_model, make_optimizer, max_difference,
+    RankRun, read_journal, reference, train, train_rank, training_trace, TrainSpec
 )
 from parlab.data_parallel.figure_8_2 import (
     FIGURE_8_2, BookRun, format_tensor, replica_names, run_figure_8_2
@@ -23,8 +23,9 @@ from parlab.data_parallel.scaling import (
 )
 
 __all__ = ["split_batch", "make_buckets", "all_reduce_buckets", "SyncStats", "step",
-           "GradientExchange", "SGD", "TrainSpec", "RankRun", "make_model", "make_batch", "train",
-           "train_rank", "reference", "LostTransfer", "latest_checkpoint", "read_journal",
-           "max_difference", "FIGURE_8_2", "BookRun", "run_figure_8_2", "replica_names",
-           "format_tensor", "gradient_bytes", "measure_traffic", "traffic_table", "layer_traffic",
-           "sync_cost", "bucketing_table", "TOKENS_PER_GPU", "SCALES"]
+           "GradientExchange", "TrainSpec", "RankRun", "make_model", "make_batch",
+           "make_optimizer", "train", "train_rank", "reference", "LostTransfer",
+           "latest_checkpoint", "read_journal", "max_difference", "training_trace", "FIGURE_8_2",
+           "BookRun", "run_figure_8_2", "replica_names", "format_tensor", "gradient_bytes",
+           "measure_traffic", "traffic_table", "layer_traffic", "sync_cost", "bucketing_table",
+           "TOKENS_PER_GPU", "SCALES"]

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parlab.comm import span
 from parlab.models import BookMLP
 
 __all__ = ["split_batch", "make_buckets", "all_reduce_buckets", "SyncStats", "step",
@@ -132,7 +133,9 @@ def all_reduce_buckets(tensors, cap_bytes: int | None = None, average: bool = Tr
             inject(k)
         parts = [tensors[i] for i in bucket]
         flat = torch.cat([p.reshape(-1) for p in parts])
-        dist.all_reduce(flat, group=group)
+        with span(f"all_reduce bucket {k}", "communication", op="all_reduce", bucket=k,
+                  bytes=flat.numel() * flat.element_size(), ranks=world):
+            dist.all_reduce(flat, group=group)
         if average:
             flat /= world
         for p, piece in zip(parts, flat.split([p.numel() for p in parts])):
@@ -151,14 +154,18 @@ def step(model: nn.Module, optimizer, loss_fn, micro_batches, samples: int, *,
     ``len(x) * world_size / samples`` (see the module docstring), its gradient accumulated.
     ``keep_local=True`` simulates a rank that lost what its peers sent: it still takes part
     in every all-reduce but updates with its own local gradient, so replicas drift apart
-    silently. Returns ``(mean loss of this rank's samples, SyncStats)``.
+    silently. Returns ``(mean loss of this rank's samples, SyncStats)``. Forward, backward,
+    each bucket's all-reduce and the update are timed as spans (:func:`parlab.comm.span`)
+    when the caller records them.
     """
     world = dist.get_world_size()
     optimizer.zero_grad()
     total, count = 0.0, 0
-    for x, target in micro_batches:
-        loss = loss_fn(model(x), target)
-        (loss * (len(x) * world / samples)).backward()
+    for j, (x, target) in enumerate(micro_batches):
+        with span(f"forward {j}", "compute", microbatch=j):
+            loss = loss_fn(model(x), target)
+        with span(f"backward {j}", "compute", microbatch=j):
+            (loss * (len(x) * world / samples)).backward()
         total, count = total + loss.item() * len(x), count + len(x)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     local = [g.clone() for g in grads] if keep_local else None
@@ -166,7 +173,8 @@ def step(model: nn.Module, optimizer, loss_fn, micro_batches, samples: int, *,
     if keep_local:
         for g, mine in zip(grads, local):
             g.copy_(mine)
-    optimizer.step()
+    with span("optimizer step", "compute"):
+        optimizer.step()
     return total / count, stats
 
 

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from parlab.comm import chrome_trace, recording, span
 from parlab.data_parallel.sync import SyncStats, split_batch, step
 from parlab.models import BookMLP
 
-__all__ = ["SGD", "TrainSpec", "RankRun", "make_model", "make_batch", "train", "train_rank",
-           "reference", "LostTransfer", "latest_checkpoint", "read_journal", "max_difference"]
+__all__ = ["TrainSpec", "RankRun", "make_model", "make_batch", "make_optimizer", "train",
+           "train_rank", "reference", "LostTransfer", "latest_checkpoint", "read_journal",
+           "max_difference", "training_trace"]
 
 
 @dataclass(frozen=True)
@@ -50,38 +52,11 @@ class TrainSpec:
         return replace(self, **changes)
 
 
-class SGD:
-    """SGD with momentum, the update ``torch.optim.SGD`` makes (no dampening, no Nesterov).
-
-    Written out for two reasons: it is the book's Δw = -lr · G in three lines, and creating
-    a ``torch.optim`` optimizer imports PyTorch's compiler stack, which costs each freshly
-    started rank seconds. The tests check that it matches ``torch.optim.SGD``.
-    """
-
-    def __init__(self, params, lr: float, momentum: float = 0.0):
-        self.params, self.lr, self.momentum = list(params), lr, momentum
-        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.zero_()
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if self.momentum:
-                buf = self.buffers[i]
-                g = self.buffers[i] = g.clone() if buf is None else buf.mul_(self.momentum).add_(g)
-            p.add_(g, alpha=-self.lr)
-
-    def state_dict(self) -> dict:
-        return {"buffers": [None if b is None else b.cpu().clone() for b in self.buffers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.buffers = [None if b is None else b.to(p.device, copy=True)
-                        for b, p in zip(state["buffers"], self.params)]
+def make_optimizer(spec: TrainSpec, params) -> torch.optim.SGD:
+    """The spec's optimizer: ``torch.optim.SGD`` with ``spec.momentum`` (no dampening, no
+    Nesterov), the book's Δw = -lr · G when the momentum is 0. (Creating it imports
+    ``torch._dynamo``, seconds in a fresh process: the launcher's forkserver preloads it.)"""
+    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
 
 
 def make_model(spec: TrainSpec) -> nn.Sequential:
@@ -100,7 +75,10 @@ def make_batch(spec: TrainSpec, index: int) -> tuple[torch.Tensor, torch.Tensor]
 
 @dataclass
 class RankRun:
-    """What one rank (or the single-process reference) did: losses, sync counts, final weights."""
+    """What one rank (or the single-process reference) did: losses, sync counts, final weights,
+    and ``spans``, its timed work (forward and backward per micro-batch, one all_reduce per
+    bucket, the optimizer step; each with its ``step`` in the args): see :func:`training_trace`.
+    """
 
     rank: int
     losses: list[float]
@@ -108,11 +86,13 @@ class RankRun:
     sync_bytes: list[int]
     state: dict[str, torch.Tensor]
     checkpoint: dict | None = None
+    spans: list = field(default_factory=list, repr=False)
 
     def extend(self, later: "RankRun") -> "RankRun":
         """This run followed by ``later`` (a run resumed from this one's checkpoint)."""
         return RankRun(self.rank, self.losses + later.losses, self.calls + later.calls,
-                       self.sync_bytes + later.sync_bytes, later.state, later.checkpoint)
+                       self.sync_bytes + later.sync_bytes, later.state, later.checkpoint,
+                       self.spans + later.spans)
 
 
 class LostTransfer(RuntimeError):
@@ -123,8 +103,20 @@ def _cpu_state(model) -> dict:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
+def _on_cpu(value):
+    """A copy of a (nested) state dict with every tensor on the CPU: a checkpoint must not
+    share the optimizer's live buffers, nor need a GPU to be read."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
 def _checkpoint(model, optimizer, done: int) -> dict:
-    return {"step": done, "model": _cpu_state(model), "optimizer": optimizer.state_dict()}
+    return {"step": done, "model": _cpu_state(model), "optimizer": _on_cpu(optimizer.state_dict())}
 
 
 def _journal(directory, text: str) -> None:
@@ -154,42 +146,49 @@ def train_rank(spec: TrainSpec, engine: str = "hand", start: dict | None = None,
     rank, world, device = dist.get_rank(), dist.get_world_size(), rank_device()
     shares = split_batch(spec.samples, spec.micro_batches, world, spec.uneven)[rank]
     model = make_model(spec).to(device)
-    optimizer = SGD(model.parameters(), spec.lr, spec.momentum)
+    optimizer = make_optimizer(spec, model.parameters())
     first = 0
     if start is not None:
         model.load_state_dict(start["model"])
         optimizer.load_state_dict(start["optimizer"])
         first = start["step"]
-    for p in model.parameters():  # every replica starts from rank 0's weights, as DDP does
-        dist.broadcast(p.data, src=0)
-    net = model if engine == "hand" else _ddp(model, spec)
-    run = RankRun(rank, [], [], [], {})
-    for i in range(first, spec.steps if stop is None else stop):
-        x, target = (t.to(device) for t in make_batch(spec, i))
-        micro = [(x[a:b], target[a:b]) for a, b in shares]
+    with recording() as recorder:
+        with span("broadcast weights", "communication", op="broadcast", root=0,
+                  bytes=sum(p.numel() * p.element_size() for p in model.parameters())):
+            for p in model.parameters():  # every replica starts from rank 0's weights (DDP too)
+                dist.broadcast(p.data, src=0)
+        net = model if engine == "hand" else _ddp(model, spec)
+        run = RankRun(rank, [], [], [], {})
+        for i in range(first, spec.steps if stop is None else stop):
+            recorder.tags["step"] = i + 1  # steps counted from 1, in every span of this step
+            x, target = (t.to(device) for t in make_batch(spec, i))
+            micro = [(x[a:b], target[a:b]) for a, b in shares]
 
-        def inject(k, n=i + 1):
-            if fail_at is not None and tuple(fail_at) == (rank, n, k):
-                raise LostTransfer(f"rank {rank} lost its gradient transfer (bucket {k}) "
-                                   f"in step {n}")
-            _journal(journal_dir, f"step {n}: bucket {k} sent")
+            def inject(k, n=i + 1):
+                if fail_at is not None and tuple(fail_at) == (rank, n, k):
+                    raise LostTransfer(f"rank {rank} lost its gradient transfer (bucket {k}) "
+                                       f"in step {n}")
+                _journal(journal_dir, f"step {n}: bucket {k} sent")
 
-        if engine == "hand":
-            loss, stats = step(net, optimizer, nn.functional.mse_loss, micro, spec.samples,
-                               bucket_cap_bytes=spec.bucket_cap_bytes, inject=inject,
-                               keep_local=lose_at is not None and tuple(lose_at) == (rank, i + 1))
-        else:
-            loss, stats = _ddp_step(net, optimizer, micro, spec.samples, world)
-        if journal_dir:
-            total = sum(float(p.detach().sum()) for p in model.parameters())
-            _journal(journal_dir, f"step {i + 1}: update applied, sum of weights {total:.4f}")
-        run.losses.append(loss)
-        run.calls.append(stats.calls)
-        run.sync_bytes.append(stats.bytes)
-        if rank == 0 and checkpoint_dir and checkpoint_every and (i + 1) % checkpoint_every == 0:
-            path = os.path.join(checkpoint_dir, f"step_{i + 1:06d}.pt")
-            torch.save(_checkpoint(model, optimizer, i + 1), path + ".tmp")
-            os.replace(path + ".tmp", path)  # a crash mid-write never leaves half a checkpoint
+            if engine == "hand":
+                lost = lose_at is not None and tuple(lose_at) == (rank, i + 1)
+                loss, stats = step(net, optimizer, nn.functional.mse_loss, micro, spec.samples,
+                                   bucket_cap_bytes=spec.bucket_cap_bytes, inject=inject,
+                                   keep_local=lost)
+            else:
+                loss, stats = _ddp_step(net, optimizer, micro, spec.samples, world)
+            if journal_dir:
+                total = sum(float(p.detach().sum()) for p in model.parameters())
+                _journal(journal_dir, f"step {i + 1}: update applied, sum of weights {total:.4f}")
+            run.losses.append(loss)
+            run.calls.append(stats.calls)
+            run.sync_bytes.append(stats.bytes)
+            if rank == 0 and checkpoint_dir and checkpoint_every \
+                    and (i + 1) % checkpoint_every == 0:
+                path = os.path.join(checkpoint_dir, f"step_{i + 1:06d}.pt")
+                torch.save(_checkpoint(model, optimizer, i + 1), path + ".tmp")
+                os.replace(path + ".tmp", path)  # a crash mid-write never leaves half a checkpoint
+    run.spans = recorder.spans
     run.state = _cpu_state(model)
     if rank == 0:
         run.checkpoint = _checkpoint(model, optimizer, i + 1) if run.losses else start
@@ -215,10 +214,14 @@ def _ddp_step(ddp, optimizer, micro, samples, world):
     for j, (x, target) in enumerate(micro):
         last = j == len(micro) - 1
         with ddp.no_sync() if not last else contextlib.nullcontext():
-            loss = nn.functional.mse_loss(ddp(x), target)
-            (loss * (len(x) * world / samples)).backward()
+            with span(f"forward {j}", "compute", microbatch=j):
+                loss = nn.functional.mse_loss(ddp(x), target)
+            # the last backward also runs DDP's all-reduces, hidden inside it
+            with span(f"backward {j}", "compute", microbatch=j, ddp_sync=last):
+                (loss * (len(x) * world / samples)).backward()
         total, count = total + loss.item() * len(x), count + len(x)
-    optimizer.step()
+    with span("optimizer step", "compute"):
+        optimizer.step()
     return total / count, SyncStats()  # DDP does not report its calls
 
 
@@ -258,10 +261,20 @@ def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: st
     return runs
 
 
+def training_trace(runs, path=None) -> dict:
+    """The ranks' timeline of a :func:`train` run as a Chrome trace (one track per rank:
+    forward and backward per micro-batch and the optimizer step on the "compute" row, the
+    weight broadcast and one all_reduce per bucket and step on "communication"); also
+    written to ``path`` (``.json`` or ``.json.gz``) when given, for https://ui.perfetto.dev."""
+    if not isinstance(runs, (list, tuple)) or not all(isinstance(r, RankRun) for r in runs):
+        raise TypeError(f"runs must be the list of RankRun that train() returns, got {runs!r}")
+    return chrome_trace([r.spans for r in sorted(runs, key=lambda r: r.rank)], path=path)
+
+
 def reference(spec: TrainSpec) -> RankRun:
     """One process, no torch.distributed: plain SGD on the whole batch at once."""
     model = make_model(spec)
-    optimizer = SGD(model.parameters(), spec.lr, spec.momentum)
+    optimizer = make_optimizer(spec, model.parameters())
     run = RankRun(0, [], [], [], {})
     for i in range(spec.steps):
         x, target = make_batch(spec, i)

@@ -25,7 +25,16 @@ except ImportError:  # no forkserver on this platform (Windows): parlab imports,
 __all__ = ["preload", "context", "RankProcess"]
 
 _forkserver_ready = False
-_preload = ["parlab", "parlab.launch"]
+#: What the server imports once, so that no rank imports it again. ``torch._dynamo`` (with
+#: ``torch.fx.experimental.symbolic_shapes`` and sympy under it) costs seconds, and ranks hit
+#: it lazily: creating any ``torch.optim`` optimizer (``add_param_group`` is wrapped by
+#: ``torch._disable_dynamo``), building ``DistributedDataParallel``, and the first
+#: ``tensor.backward(gradient)`` (how a pipeline stage starts its backward pass). Preloaded,
+#: the server starts that much slower, once per Python process, instead of every launch.
+#: ``torch.profiler._cupti_monitor`` is what an optimizer's first ``zero_grad``/``step``
+#: imports (their ``record_function`` labels); the server skips a name it cannot import.
+_preload = ["parlab", "parlab.launch", "torch.optim", "torch._dynamo",
+            "torch.profiler._cupti_monitor"]
 _no_main = threading.local()  # set while this thread starts a rank
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 

@@ -6,7 +6,9 @@ stage on A1, A2, B1, B2), follows its row of ``pipeline_order`` step by step, an
 activations forward and errors backward with ``dist.send``/``dist.recv``. Every rank logs
 what it computed and sent; :func:`execute` returns the logs and the gradients, and checks
 both: the log against the simulation, the gradients against one process training on the
-whole batch.
+whole batch. Each rank also times every action and every send/recv
+(:func:`parlab.comm.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
+timeline, the real counterpart of the simulated Gantt chart.
 
 No deadlock, on any backend: in each step's communication phase every rank walks the
 same globally ordered list of that step's transfers and does its part (send if it is
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from parlab.comm import chrome_trace, recording, span
 from parlab.pipeline.schedules import Schedule, _check_count
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 
@@ -113,7 +116,9 @@ def run_stages(sched: Schedule, net: Network, me: int, peers: list[int], x, targ
     """Run pipeline rank ``me``'s row of the schedule; ``peers[r]`` is pipeline rank r's
     global rank. Returns {"events", "grads": {layer: (dW, db)}, "loss" (this rank's share),
     "traffic": per step, the messages the toy backend logged as sent by this rank (or None
-    on other backends)}."""
+    on other backends), "spans": this rank's timed actions (compute, named by the action,
+    such as "2F0") and sends/receives (communication, with bytes and the peer's global
+    rank)}."""
     from parlab.launch import rank_device
     device = rank_device()  # this rank's GPU under NCCL, else the CPU
     K = sched.virtual_stages
@@ -127,48 +132,64 @@ def run_stages(sched: Schedule, net: Network, me: int, peers: list[int], x, targ
     loss_total = torch.zeros((), device=device)
     toy_log = _toy_log()
     traffic, seen = ([] if toy_log else None), 0
-    for step in range(sched.steps):
-        step_events = {}  # (kind of what it sends, stage, micro-batch) -> log line
-        for action in sched.actions(me, step):
-            k, i = action.stage, action.microbatch
-            if action.kind == "F":
-                inp = x_mbs[i] if k == 0 else inbox.pop(("y", k - 1, i))
-                inp = inp.detach().requires_grad_(k > 0)
-                out = modules[k](inp)
-                if k == K - 1:
-                    out = net.loss(out, t_mbs[i], x.shape[0])
-                    loss_total += out.detach()
-                saved[(k, i)] = (inp, out)
-                produced, target_stage, kind = out.detach(), k + 1, "y"
-            else:
-                inp, out = saved.pop((k, i))
-                out.backward(None if k == K - 1 else inbox.pop(("E", k + 1, i)))
-                produced, target_stage, kind = (inp.grad if k > 0 else None), k - 1, "E"
-            if 0 <= target_stage < K:
-                if sched.rank_of(target_stage) == me:  # the next chunk is here: no transfer
-                    inbox[(kind, k, i)] = produced
-                else:
-                    outbox[(kind, k, i)] = produced
-            step_events[(kind, k, i)] = [step + 1, me, str(action), None]
-        for transfer in transfers_by_step[step]:  # the same global order on every rank
-            key = (transfer.kind, transfer.src_stage, transfer.microbatch)
-            if transfer.src == me:
-                dist.send(outbox.pop(key).contiguous(), peers[transfer.dst])
-                step_events[key][3] = transfer  # logged once it has really been sent
-            elif transfer.dst == me:
-                buffer = torch.empty(x_mbs[transfer.microbatch].shape[0],
-                                     width(min(transfer.src_stage, transfer.dst_stage)),
-                                     device=device)
-                dist.recv(buffer, peers[transfer.src])
-                inbox[key] = buffer
-        events += [Event(*e) for e in step_events.values()]
-        if toy_log:  # what the backend itself logged in this step's communication phase
-            log = toy_log()
-            traffic.append([r for r in log[seen:] if r.src == peers[me]])
-            seen = len(log)
+    with recording() as recorder:
+        for step in range(sched.steps):
+            step_events = {}  # (kind of what it sends, stage, micro-batch) -> log line
+            for action in sched.actions(me, step):
+                k, i = action.stage, action.microbatch
+                with span(str(action), "compute", step=step + 1, stage=k, kind=action.kind,
+                          microbatch=i):
+                    if action.kind == "F":
+                        inp = x_mbs[i] if k == 0 else inbox.pop(("y", k - 1, i))
+                        inp = inp.detach().requires_grad_(k > 0)
+                        out = modules[k](inp)
+                        if k == K - 1:
+                            out = net.loss(out, t_mbs[i], x.shape[0])
+                            loss_total += out.detach()
+                        saved[(k, i)] = (inp, out)
+                        produced, target_stage, kind = out.detach(), k + 1, "y"
+                    else:
+                        inp, out = saved.pop((k, i))
+                        out.backward(None if k == K - 1 else inbox.pop(("E", k + 1, i)))
+                        produced, target_stage, kind = (inp.grad if k > 0 else None), k - 1, "E"
+                if 0 <= target_stage < K:
+                    if sched.rank_of(target_stage) == me:  # the next chunk is here: no transfer
+                        inbox[(kind, k, i)] = produced
+                    else:
+                        outbox[(kind, k, i)] = produced
+                step_events[(kind, k, i)] = [step + 1, me, str(action), None]
+            for transfer in transfers_by_step[step]:  # the same global order on every rank
+                key = (transfer.kind, transfer.src_stage, transfer.microbatch)
+                if transfer.src == me:
+                    tensor = outbox.pop(key).contiguous()
+                    with _transfer_span("send", transfer, peers[transfer.dst], tensor, step):
+                        dist.send(tensor, peers[transfer.dst])
+                    step_events[key][3] = transfer  # logged once it has really been sent
+                elif transfer.dst == me:
+                    buffer = torch.empty(x_mbs[transfer.microbatch].shape[0],
+                                         width(min(transfer.src_stage, transfer.dst_stage)),
+                                         device=device)
+                    with _transfer_span("recv", transfer, peers[transfer.src], buffer, step):
+                        dist.recv(buffer, peers[transfer.src])
+                    inbox[key] = buffer
+            events += [Event(*e) for e in step_events.values()]
+            if toy_log:  # what the backend itself logged in this step's communication phase
+                log = toy_log()
+                traffic.append([r for r in log[seen:] if r.src == peers[me]])
+                seen = len(log)
     grads = {j: (layers[j][0].weight.grad.cpu(), layers[j][0].bias.grad.cpu())
              for js in mine.values() for j in js}
-    return {"events": events, "grads": grads, "loss": float(loss_total), "traffic": traffic}
+    return {"events": events, "grads": grads, "loss": float(loss_total), "traffic": traffic,
+            "spans": recorder.spans}
+
+
+def _transfer_span(op: str, transfer: StageTransfer, peer: int, tensor, step: int):
+    """A communication span named after the action whose result moves: "send 2F0 -> 3"."""
+    produced_by = f"{transfer.src_stage}{'F' if transfer.kind == 'y' else 'B'}{transfer.microbatch}"
+    arrow = "->" if op == "send" else "<-"
+    return span(f"{op} {produced_by} {arrow} {peer}", "communication", op=op, peer=peer,
+                bytes=tensor.numel() * tensor.element_size(),
+                tensor=f"{transfer.kind}{transfer.microbatch + 1}", step=step + 1)
 
 
 def _toy_log():
@@ -218,6 +239,7 @@ class Execution:
     per_rank_events: list = field(default_factory=list, repr=False)
     traffic_by_step: list | None = field(default=None, repr=False)
     net: Network = field(default_factory=Network, repr=False)
+    spans: list = field(default_factory=list, repr=False)  # spans[r]: rank r's timed work
 
     @property
     def matches_simulation(self) -> bool:
@@ -269,6 +291,12 @@ class Execution:
             lines.append(f"  step {e.step:2d}: {e.action}{sent}")
         return "\n".join(lines)
 
+    def chrome_trace(self, path=None) -> dict:
+        """The ranks' real timeline as a Chrome trace (one track per rank, rows "compute" and
+        "communication", arrows from each send to its recv); also written to ``path`` (a
+        ``.json`` or ``.json.gz`` name) when given: open it at https://ui.perfetto.dev."""
+        return chrome_trace(self.spans, self.simulation.names, path)
+
     def report(self) -> str:
         """Three lines a notebook can print (floats rounded, so the output is stable)."""
         sim = self.simulation
@@ -310,4 +338,5 @@ def execute(sched: Schedule, net: Network | None = None, backend: str | None = "
         logged = [sorted((m for r in results for m in r["traffic"][t]),
                          key=lambda m: (m.src, m.dst)) for t in range(sim.steps)]
     return Execution(sim, events, grads, sum(r["loss"] for r in results), ref_grads, ref_loss,
-                     traffic, [r["events"] for r in results], logged, net)
+                     traffic, [r["events"] for r in results], logged, net,
+                     [r["spans"] for r in results])
