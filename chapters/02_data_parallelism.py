@@ -20,7 +20,14 @@
 # 8. The forward pass needs no network at all. After the backward pass the two GPUs add up
 # their gradients and divide by two, so both apply the same update and stay identical
 # copies. The chapter then warns that the traffic grows with hundreds or thousands of GPUs,
-# and that a single lost transfer stops the whole job.
+# and that a single lost transfer stops the whole job (section 8 separates what holds in
+# that warning from what it overstates).
+#
+# One correction first. The book's notes motivate data parallelism by a dataset too large
+# for one GPU, with layers spread over GPUs. Neither is what it does: every GPU holds *all*
+# the layers, and a dataset of any size streams through one GPU batch by batch. What data
+# parallelism buys is throughput: N replicas process N times the samples per step, at the
+# price of one gradient synchronization per step.
 #
 # In this notebook you will:
 #
@@ -273,6 +280,33 @@ print(bucketing_table(gpt2, gpus=64, gbps=400).to_string(index=False))
 # sends 2(N−1) chunks of 1/N of the gradient) and the **naive** algorithm (everyone sends
 # everything to rank 0, which adds and sends the result back), and count what each GPU
 # sent per step.
+#
+# First, the book's claim that the forward pass needs no network, measured: two ranks run
+# a forward pass on their halves of a batch, then the backward pass with its gradient
+# all-reduce, and the toy backend logs every message of each.
+
+# %%
+from parlab.comm import run_with_traffic
+
+
+def forward_then_backward(with_backward):
+    torch.manual_seed(0)  # the same replica on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(8, 4)[dist.get_rank()::dist.get_world_size()]  # this rank's half
+    out = model(x)
+    if with_backward:
+        out.pow(2).mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+
+
+_, forward_log = run_with_traffic(forward_then_backward, 2, False)
+_, step_log = run_with_traffic(forward_then_backward, 2, True)
+print(f"forward pass only:        {len(forward_log)} messages, {forward_log.total_bytes} bytes")
+print(f"forward + backward + sync: {len(step_log)} messages, {step_log.total_bytes} bytes")
+
+# %% [markdown]
+# Now the bucketed synchronization of Figure 8-2's model, counted per GPU and step.
 
 # %%
 from parlab.data_parallel import FIGURE_8_2, gradient_bytes, traffic_table
@@ -318,7 +352,9 @@ print(layer_traffic(FIGURE_8_2, batches=(8, 64)).to_string(index=False))
 # * **ring**: per NIC 2(N−1)/N × gradient, which levels off at twice the gradient; its
 #   time levels off too, plus 2(N−1) latencies.
 # * **naive**: the root's NIC carries (N−1) × gradient: hopeless beyond a few GPUs.
-# * **tree**: every message is the whole gradient, about log₂ N of them per rank.
+# * **tree**: every message is the whole gradient. The busiest ranks (the root, and the
+#   roots of the subtrees) send about log₂ N of them; half the ranks are leaves and send
+#   one. Measured on 8 and 16 ranks below.
 #
 # GPT-3 175B does not fit on one GPU, so pure data parallelism is a thought experiment
 # here; in practice it is combined with tensor and pipeline parallelism (chapter 05), and
@@ -339,6 +375,22 @@ for algorithm in ("ring", "naive", "tree"):
           f"all-reduce {seconds:>9,.1f} s")
 
 # %%
+from parlab.comm import one_collective
+from parlab.viz import glue
+
+for n in (8, 16):
+    _, tree = run_with_traffic(one_collective, n, "all_reduce", 4, algorithm="tree")
+    sent = tree.per_rank()["messages sent"]
+    print(f"tree all_reduce on {n:>2} ranks, messages sent per rank: {sent.tolist()}")
+    glue(f"tree_max_{n}", int(sent.max()))
+    glue(f"tree_leaves_{n}", int((sent == 1).sum()))
+
+# %% [markdown]
+# On 16 ranks the root sends <span data-glue="tree_max_16">4</span> messages, log₂ 16, while
+# <span data-glue="tree_leaves_16">8</span> leaves send one each: "log₂ N per rank" is true
+# only of the busiest rank.
+
+# %%
 from parlab.viz.widgets import scaling_explorer
 
 scaling_explorer()
@@ -347,8 +399,18 @@ scaling_explorer()
 # ## 8. Lossless matters
 #
 # The chapter says the network must not lose a transfer, because training stops when one
-# goes missing. A collective is a promise that every rank takes part, so a rank whose data
-# never arrives waits; a real job then fails on a timeout.
+# goes missing. Two different failures hide in that sentence:
+#
+# * **A lost packet** is not fatal. RDMA transports (InfiniBand, RoCE) detect the loss and
+#   retransmit; the collective finishes, late. Loss costs latency and throughput, which is
+#   why training fabrics are built to be nearly lossless (credit-based flow control, PFC):
+#   a slower all-reduce makes every step slower, on every GPU.
+# * **A failed transfer** is fatal: a link, NIC or host that stays down, so the data never
+#   arrives. A collective is a promise that every rank takes part, so the ranks waiting for
+#   it wait until a timeout, and the job stops.
+#
+# The book's "one lost packet stops the run" merges the two: the second stops a run, the
+# first only slows it. Below is the second kind.
 #
 # We make rank 1 lose its transfer of bucket 1 in step 5 (with 200-byte buckets, a step
 # syncs 3 buckets). Every rank keeps a journal of the buckets it sent and the updates it

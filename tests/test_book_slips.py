@@ -193,3 +193,33 @@ def test_the_vocabulary_split_moves_less_than_broadcast_and_reduce():
         wire = embedding_wire_bytes(1000, ranks)
         assert wire["vocab"]["total"] == 2 * (ranks - 1) * 1000
         assert wire["vocab"]["total"] < wire["broadcast"]["total"]
+
+
+def _forward_then_backward(with_backward):
+    import torch
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    out = model(torch.randn(8, 4)[dist.get_rank()::dist.get_world_size()])
+    if with_backward:
+        out.pow(2).mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+
+
+def test_data_parallel_forward_sends_nothing_and_the_sync_sends_the_gradients():
+    from parlab.comm import run_with_traffic
+    _, forward = run_with_traffic(_forward_then_backward, 2, False)
+    _, step = run_with_traffic(_forward_then_backward, 2, True)
+    assert len(forward) == 0
+    gradient_bytes = 4 * (4 * 8 + 8 + 8 * 2 + 2)  # float32 weights and biases of both layers
+    assert step.total_bytes == 2 * gradient_bytes  # ring on 2 ranks: each sends its gradient
+
+
+@pytest.mark.parametrize("n", [8, 16])
+def test_tree_log2_messages_only_for_the_busiest_rank(n):
+    from parlab.comm import one_collective, run_with_traffic
+    _, tree = run_with_traffic(one_collective, n, "all_reduce", 4, algorithm="tree")
+    sent = tree.per_rank()["messages sent"]
+    assert sent.max() == math.log2(n)
+    assert (sent == 1).sum() == n // 2  # the leaves: one message each
