@@ -78,8 +78,14 @@ book.pipeline_order[3]
 # used in step *t + 1*. The simulator also checks that no action runs before its input
 # has arrived.
 #
-# Below, `F2` means the forward pass of x2 and `B1` the backward pass (error and gradient)
-# of x1. The last column is the share of GPUs that are busy.
+# The table names actions by micro-batch, counted from 1 as in the book: `F2` is the
+# forward pass of x2 and `E1` the backward pass of x1, the step that computes the error E1
+# and the gradient G1. The letter is `E` and not `B` because B1 and B2 are GPUs here: a
+# cell `B2` in GPU B1's column would name a GPU and a pass at once. PyTorch's strings such
+# as `2B0` keep their `B`, since they begin with the stage and cannot be taken for a GPU.
+# The Gantt charts and the measured timeline below use the same `F1`/`E1` labels; the step
+# figures spell a backward pass out as `E1, G1`. The last column is the share of GPUs that
+# are busy.
 
 # %%
 from parlab.pipeline import BOOK_ACTIVE_PERCENT
@@ -122,8 +128,8 @@ for erratum in errata(sim):
 # The upper panel shows the four GPUs at one time step: what each computes, the
 # activations sent forward (blue) and the errors sent back (red). The lower panel is the
 # whole schedule as a Gantt chart. Colour stands for the micro-batch, light for forward
-# and dark for backward, and the frame marks the current step. Move the slider or press
-# play. The dropdown switches to the other schedules of section 5.
+# (`F1`) and dark for backward (`E1`), and the frame marks the current step. Move the
+# slider or press play. The dropdown switches to the other schedules of section 5.
 
 # %%
 from parlab.viz.widgets import step_explorer
@@ -217,7 +223,8 @@ print("compute spans per rank = actions per rank in the schedule:",
 # %% [markdown]
 # Now the measured part: how long each rank computed, communicated and did nothing at
 # all, and the timeline drawn under the simulated Gantt chart of the same schedule. Colours
-# are as in the Gantt chart: one per micro-batch, light for forward, dark for backward.
+# are as in the Gantt chart: one per micro-batch, light for forward (`F1`), dark for
+# backward (`E1`).
 # These numbers change with every run and every machine, so compare them with each other,
 # not with a number in the text.
 

@@ -12,7 +12,9 @@ schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.c
 
 from parlab.pipeline.schedules import SCHEDULES, Action, from_order, Schedule, schedule
 from parlab.pipeline.simulator import Event, simulate, Simulation, stage_gpu_names, StageTransfer
-from parlab.pipeline.book import BOOK_ACTIVE_PERCENT, BOOK_STEPS, describe_step, errata, Erratum
+from parlab.pipeline.book import (
+    action_code, ACTION_CODES, BOOK_ACTIVE_PERCENT, BOOK_STEPS, describe_step, errata, Erratum
+)
 from parlab.pipeline.executor import execute, Execution, Network, reference
 from parlab.pipeline.hybrid import (
     HybridRun, our_action_order, pipeline_data_parallel, torch_pipelining, TorchRun
@@ -23,7 +25,8 @@ from parlab.pipeline.tradeoffs import (
 )
 
 __all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTransfer", "Event",
-           "Simulation", "simulate", "stage_gpu_names", "describe_step", "BOOK_STEPS",
+           "Simulation", "simulate", "stage_gpu_names", "action_code", "ACTION_CODES",
+           "describe_step", "BOOK_STEPS",
            "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
            "reference", "HybridRun", "pipeline_data_parallel", "TorchRun", "torch_pipelining",
            "our_action_order", "compare", "comparison_table", "ScheduleCost",

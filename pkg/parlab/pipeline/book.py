@@ -3,7 +3,9 @@
 Why: the notebook shows each time step the way Figures 8-3 to 8-13 do (GPU names A1,
 A2, B1, B2; micro-batches x1..x4 counted from 1; activations y_i, errors E_i, gradients
 G_i), while the package counts from 0 like PyTorch. The labels are made here, in one
-place.
+place. The short code of an action (:func:`action_code`) is ``F1`` for the forward pass of
+x1 and ``E1`` for its backward pass (error E1 and gradient G1): never ``B1``, which is a
+GPU's name. PyTorch's stage-qualified strings (``2F0``, ``2B0``) stay as they are.
 
 ``BOOK_STEPS`` is what the chapter's text lists for each of its 11 steps, transcribed as
 data. It is used for one thing only: :func:`errata` compares it with the simulated
@@ -15,12 +17,26 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["compute_label", "transfer_label", "describe_step", "BOOK_STEPS",
-           "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "book_lists"]
+__all__ = ["action_code", "ACTION_CODES", "compute_label", "transfer_label", "describe_step",
+           "BOOK_STEPS", "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "book_lists"]
 
 
 def _chunk(sim, stage: int) -> str:
     return f" (chunk {stage // sim.schedule.stages + 1})" if sim.schedule.chunks > 1 else ""
+
+
+#: The letter of each action kind in the short code: F forward, E backward (the book's
+#: backward step computes the error E_i and the gradient G_i). Not B: B1 is a GPU.
+ACTION_CODES = {"F": "F", "B": "E"}
+
+
+def action_code(action, sim=None) -> str:
+    """``F1`` / ``E1``: the short code of ``action`` (micro-batch from 1), the one notation
+    of the step table, the Gantt chart and the trace timeline. With an interleaved ``sim``
+    a ``c2`` names the model chunk."""
+    chunk = (f"c{action.stage // sim.schedule.stages + 1}"
+             if sim is not None and sim.schedule.chunks > 1 else "")
+    return f"{ACTION_CODES[action.kind]}{action.microbatch + 1}{chunk}"
 
 
 def compute_label(sim, action, short: bool = False) -> str:
@@ -28,8 +44,7 @@ def compute_label(sim, action, short: bool = False) -> str:
     i = action.microbatch + 1
     first, last = action.stage == 0, action.stage == sim.schedule.virtual_stages - 1
     if short:
-        return f"{action.kind}{i}" + (f"c{action.stage // sim.schedule.stages + 1}"
-                                      if sim.schedule.chunks > 1 else "")
+        return action_code(action, sim)
     if action.kind == "F":
         source = f"x{i}" if first else f"y{i}"
         result = f"model output {i}" if last else f"y{i}"
@@ -61,7 +76,7 @@ def describe_step(sim, step: int) -> str:
 
 
 class BookStep(NamedTuple):
-    compute: tuple[str, ...]        # "A1 F1": GPU, F (forward) or B (error + gradient), x_i
+    compute: tuple[str, ...]        # "A1 F1": GPU, then action_code (F forward, E error + gradient)
     communication: tuple[str, ...]  # "y1 A1->A2" as in transfer_label
     active_percent: float
 
@@ -72,13 +87,13 @@ BOOK_STEPS = (
     BookStep(("A1 F2", "A2 F1"), ("y2 A1->A2", "y1 A2->B3"), 50),
     BookStep(("A1 F3", "A2 F2", "B1 F1"), ("y3 A1->A2", "y2 A2->B1", "y1 B1->B2"), 75),
     BookStep(("A1 F4", "A2 F3", "B1 F2", "B2 F1"), ("y3 A1->A2", "y2 A2->B1", "y1 B1->B2"), 100),
-    BookStep(("A2 F4", "B1 F3", "B2 F2", "B2 B1"), ("y4 A2->B1", "y3 B1->B2", "E1 B2->B1"), 75),
-    BookStep(("B1 F4", "B2 F3", "B2 B2", "B1 B1"), ("y4 B1->B2", "E2 B2->B1"), 50),
-    BookStep(("B2 F4", "B2 B3", "B1 B2", "A2 B1"), ("E3 B2->B1", "E2 B1->A2", "E1 A2->A1"), 75),
-    BookStep(("B2 B4", "B1 B3", "A2 B2", "A1 B1"), ("E4 B2->B1", "E3 B1->A2", "E2 A2->A1"), 100),
-    BookStep(("B1 B4", "A2 B3", "A1 B2"), ("E4 B1->A2", "E3 A2->A1"), 75),
-    BookStep(("A2 B4", "A1 B3"), ("E4 A2->A1",), 50),
-    BookStep(("A1 B4",), (), 25),
+    BookStep(("A2 F4", "B1 F3", "B2 F2", "B2 E1"), ("y4 A2->B1", "y3 B1->B2", "E1 B2->B1"), 75),
+    BookStep(("B1 F4", "B2 F3", "B2 E2", "B1 E1"), ("y4 B1->B2", "E2 B2->B1"), 50),
+    BookStep(("B2 F4", "B2 E3", "B1 E2", "A2 E1"), ("E3 B2->B1", "E2 B1->A2", "E1 A2->A1"), 75),
+    BookStep(("B2 E4", "B1 E3", "A2 E2", "A1 E1"), ("E4 B2->B1", "E3 B1->A2", "E2 A2->A1"), 100),
+    BookStep(("B1 E4", "A2 E3", "A1 E2"), ("E4 B1->A2", "E3 A2->A1"), 75),
+    BookStep(("A2 E4", "A1 E3"), ("E4 A2->A1",), 50),
+    BookStep(("A1 E4",), (), 25),
 )
 BOOK_ACTIVE_PERCENT = [s.active_percent for s in BOOK_STEPS]
 
@@ -87,7 +102,7 @@ def book_lists(sim) -> list[BookStep]:
     """The simulated table in the form of :data:`BOOK_STEPS` (in rank order, A1 first)."""
     out = []
     for record in sim.records:
-        compute = tuple(f"{sim.names[r]} {a.kind}{a.microbatch + 1}" for r, a in record.compute)
+        compute = tuple(f"{sim.names[r]} {action_code(a)}" for r, a in record.compute)
         sends = tuple(transfer_label(sim, t) for t in record.transfers)
         out.append(BookStep(compute, sends, record.active_percent))
     return out

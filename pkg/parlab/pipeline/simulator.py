@@ -113,9 +113,9 @@ class Simulation:
 
     def table(self) -> str:
         """The per-step table: each GPU's work, the transfers, and the share of busy GPUs."""
-        from parlab.pipeline.book import compute_label, transfer_label
+        from parlab.pipeline.book import action_code, transfer_label
         p = self.schedule.stages
-        cells = [[", ".join(compute_label(self, a, short=True) for r, a in rec.compute if r == rank)
+        cells = [[", ".join(action_code(a, self) for r, a in rec.compute if r == rank)
                   or "." for rank in range(p)] for rec in self.records]
         sends = [", ".join(transfer_label(self, t) for t in rec.transfers) or "-"
                  for rec in self.records]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from parlab.pipeline import action_code
 from parlab.viz.registry import figure
 from parlab.viz.style import GPU_COLORS, rank_color
 
@@ -88,7 +89,8 @@ def draw_step(sim, step: int, ax) -> None:
 
 
 def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
-    """Ranks (rows) x time steps (columns); forward light, backward dark, colour = micro-batch.
+    """Ranks (rows) x time steps (columns); forward (F1) light, backward (E1) dark, colour =
+    micro-batch.
     A cell with two actions is split; the active-GPU percentage tops each column. With
     ``in_time`` the x axis is time (one micro-batch through one whole stage = 1), so
     schedules whose steps differ in length (naive, interleaved) line up."""
@@ -108,7 +110,7 @@ def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
                                        edgecolor="white",
                                        hatch="//" if action.stage >= p else None))
                 if not dense:
-                    ax.text(left + width / 2, rank, f"{action.kind}{action.microbatch + 1}",
+                    ax.text(left + width / 2, rank, action_code(action),
                             ha="center", va="center", fontsize=7 if width < 0.6 else 9,
                             color="black" if action.kind == "F" else "white")
         if not dense and scale >= 0.5:

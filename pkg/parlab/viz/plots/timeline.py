@@ -11,6 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
+from parlab.pipeline import Action, action_code
 from parlab.viz.plots.pipeline import draw_gantt
 
 __all__ = ["draw_trace", "trace_figure"]
@@ -34,14 +35,14 @@ def _tracks(trace) -> dict:
 
 
 def _style(event) -> tuple[str, float, str]:
-    """(colour, alpha, label) of one span: compute by micro-batch (light F, dark B, as in the
-    Gantt chart), communication by operation."""
+    """(colour, alpha, label) of one span: compute by micro-batch (light F1, dark E1, as in
+    the Gantt chart), communication by operation."""
     args = event.get("args", {})
     if event.get("cat") == "communication":
         return _COMM.get(args.get("op"), _OTHER_COMM), 0.9, ""
     if "microbatch" in args and args.get("kind") in ("F", "B"):
         color = _MB_COLORS[args["microbatch"] % len(_MB_COLORS)]
-        label = f"{args['kind']}{args['microbatch'] + 1}"
+        label = action_code(Action(args.get("stage", 0), args["kind"], args["microbatch"]))
         return color, 0.45 if args["kind"] == "F" else 0.95, label
     return _COMPUTE, 0.7, ""
 
@@ -83,7 +84,7 @@ def draw_trace(trace, ax, flows: bool = True) -> None:
                  - {None})
     by_microbatch = any(_style(e)[2] for e in spans)
     handles = [Patch(facecolor="#BBBBBB" if by_microbatch else _COMPUTE,
-                     label="compute, upper lane" + (":\ncolour = micro-batch,\nlight F, dark B"
+                     label="compute, upper lane" + (":\ncolour = micro-batch,\nlight F, dark E"
                                                     if by_microbatch else ""))]
     handles += [Patch(facecolor=_COMM.get(op, _OTHER_COMM), label=f"{op}, lower lane")
                 for op in ops]
