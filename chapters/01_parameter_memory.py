@@ -28,9 +28,11 @@
 # 2. count GPT-3's 175 billion parameters from its configuration;
 # 3. use a training-memory calculator (parameters, gradients, optimizer state, activations)
 #    that is checked against a real training step, and see how many GPUs a model needs;
-# 4. recompute the book's electricity bill, and see what a failure costs with and without
-#    checkpoints;
-# 5. solve four exercises.
+# 4. recompute the book's electricity bill, separate what a lost packet costs (a short wait)
+#    from what a failed link or node costs (the run, unless there are checkpoints), and see
+#    what failures cost with and without checkpoints;
+# 5. solve four exercises; three of them ask you to predict a number before the notebook
+#    prints it.
 #
 # Book figures: 8-1 and the power consumption example. Everything runs on a CPU in a few
 # seconds.
@@ -77,16 +79,90 @@ print("sum of the table:      ", sum(r.nbytes for r in rows), "bytes")
 print("what the object holds: ", held_bytes(alone), "bytes")
 
 # %% [markdown]
-# Now the same step as GPU A1 of a pair of data-parallel replicas. A2 computes its local
-# gradients on the other half of the batch; A1 receives them as its *remote* gradients,
-# averages them with its own and updates. Figure 8-1 is the picture of this GPU: every item
-# of the book's list is now present.
+# Each row counts the tensor's own elements: `tensor_bytes` is the number of elements times
+# the size of one. That is not always what a tensor keeps in memory. A slice such as `x[:4]`
+# is a *view*: it owns no memory and keeps the whole storage of `x` alive.
 
 # %%
+import torch
+
+from parlab.models import tensor_bytes
+
+x = torch.zeros(8, 4)
+print("x[:4]: its own bytes", tensor_bytes(x[:4]), "; the storage it keeps alive",
+      x[:4].untyped_storage().nbytes())
+
+# %% [markdown]
+# ### Only W and b are parameters
+#
+# The book calls everything in Figure 8-1's list "model parameters". Only the weights and
+# biases are. They are what training learns and keeps, what `model.parameters()` returns and
+# what the optimizer updates. The weighted sums, activations and errors are recomputed for
+# every batch; gradients and Δw exist only between the backward pass and the update; the
+# learning rate is a hyper-parameter, a setting of the optimizer. The same network as a
+# PyTorch module says so:
+
+# %%
+module = alone.to_torch()
+n_parameters = sum(p.numel() for p in module.parameters())
+w_and_b = sum(r.nbytes for r in rows if r.key in ("W", "b"))
+print(f"model.parameters(): {n_parameters} numbers, {4 * n_parameters} bytes")
+print(f"rows W and b of the table: {w_and_b} bytes of the {sum(r.nbytes for r in rows)} "
+      f"the GPU holds ({100 * w_and_b / sum(r.nbytes for r in rows):.0f} %)")
+sgd = torch.optim.SGD(module.parameters(), lr=0.1)
+print("the learning rate is a setting of the optimizer:", sgd.param_groups[0]["lr"])
+
+# %% [markdown]
+# ### A1, one of two data-parallel GPUs
+#
+# Now the same step as GPU A1 of a pair of data-parallel replicas. A1 trains on its own half
+# of the batch (4 samples, its own copy, as on its own GPU); A2 computes its local gradients
+# on the other half, and A1 receives them as its *remote* gradients, averages them with its
+# own and updates. Figure 8-1 is the picture of this GPU: every item of the book's list is
+# now present.
+#
+# **Exercise 01.1 (predict first).** From the lone GPU's table above: how many bytes will A1
+# hold in all? Work it out before you run the cell after the next one.
+
+# %%
+from parlab.exercises import check
+
+answer_01_1 = ...
+check("01.1", answer_01_1)
+
+# %%
+from parlab.models import bytes_by_scaling
+from parlab.viz import glue
+
 a1 = figure_8_1_step(sizes=(4, 5, 5, 2), batch=8, with_peer=True)
 print("remote gradient of layer 1 (dW):", tuple(a1.layers[0].remote_grad_W.shape))
 print("total held by A1:", held_bytes(a1), "bytes =", sum(r.nbytes for r in a1.memory_rows()))
+by_alone, by_a1 = bytes_by_scaling(alone), bytes_by_scaling(a1)
+print(f"\n{'bytes that grow with':<22}{'one GPU alone':>14}{'A1 with a peer':>16}")
+for kind in by_alone:
+    print(f"{kind:<22}{by_alone[kind]:>14}{by_a1[kind]:>16}")
+print(f"{'total':<22}{sum(by_alone.values()):>14}{sum(by_a1.values()):>16}")
+glue("alone_total", sum(by_alone.values()))
+glue("a1_total", sum(by_a1.values()))
+glue("a1_batch_saving", by_alone["batch"] - by_a1["batch"])
+glue("a1_remote_cost", by_a1["parameters"] - by_alone["parameters"])
 show(figure_8_1(a1))
+
+# %% [markdown]
+# A1 holds <span data-glue="a1_total">1724</span> bytes, the lone GPU
+# <span data-glue="alone_total">2096</span>: less, although A1 keeps one item more. Two
+# things change. The rows with one line per sample (the data x and its targets, z, y and E)
+# halve with A1's half of the batch, which saves
+# <span data-glue="a1_batch_saving">640</span> bytes. The remote gradients add one more copy
+# of every weight's gradient, <span data-glue="a1_remote_cost">268</span> bytes. Which one
+# wins depends on how many samples each GPU trains on against how many weights it holds:
+
+# %%
+for batch in (2, 4, 8, 16):
+    lone = held_bytes(figure_8_1_step(sizes=(4, 5, 5, 2), batch=batch, with_peer=False))
+    pair = held_bytes(figure_8_1_step(sizes=(4, 5, 5, 2), batch=batch, with_peer=True))
+    print(f"batch {batch:>2}: one GPU alone {lone:>5} B, A1 with a peer {pair:>5} B "
+          f"({'less' if pair < lone else 'more'})")
 
 # %% [markdown]
 # PyTorch's autograd keeps less than this list. It throws z away where y is enough (ReLU's
@@ -201,11 +277,51 @@ show(model_sizes_figure())
 # fewest GPUs whose busiest GPU still fits. The ideal number is the total divided by
 # 80 GB, which no real split reaches. Tensor parallelism splits each layer's matrices
 # (chapter 04), pipeline parallelism gives each GPU a range of layers (chapter 03).
+#
+# **Exercise 01.2 (predict first).** Before the search runs: leave the activations out and
+# split the rest perfectly. How many 80 GB GPUs does GPT-3 175B need at least, in bf16 mixed
+# precision with Adam?
+
+# %%
+answer_01_2 = ...
+check("01.2", answer_01_2)
 
 # %%
 plan = memory.min_gpus(GPT3_175B, (8, 2048), optimizer="adam", precision="bf16")
 print(plan)
 print(plan.breakdown.table())
+
+# %% [markdown]
+# ### 64 GPUs here, 128 per model copy in chapter 05
+#
+# Chapter 05's planner puts GPT-3 on 1,024 GPUs and finds nothing with fewer than 128 GPUs
+# per copy of the model. Both numbers are right; they answer different questions. The
+# search above trains 8 sequences as a single micro-batch: only one micro-batch is ever in
+# the pipeline, so the first stage keeps the activations of one, but all but one stage wait
+# at any moment. A real step of GPT-3 trains 1,536 sequences and cuts them into many
+# micro-batches so that the stages work at once; under 1F1B (chapter 03) the first stage then
+# keeps as many micro-batches as there are stages. `parlab.hybrid.copy_sizes` changes one
+# assumption at a time:
+
+# %%
+from parlab.hybrid import copy_sizes
+
+sizes = copy_sizes("GPT-3 175B")
+print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
+for row in sizes:
+    print(row.row())
+glue("copy_same_split_gb", sizes[1].memory.total / 1e9, ".0f")
+glue("copy_fewest", sizes[2].gpus)
+_ = glue("copy_recompute", sizes[3].gpus)
+
+# %% [markdown]
+# The 64-GPU split holds chapter 05's step only with a pipeline that idles almost all the
+# time; given that step, it needs <span data-glue="copy_same_split_gb">136</span> GB per GPU.
+# Sized for that step, a copy needs <span data-glue="copy_fewest">72</span> GPUs, or
+# <span data-glue="copy_recompute">40</span> if every block recomputes its activations in the
+# backward pass (chapter 06). The planner adds two rules of its own: every stage holds the
+# same number of layers, and the GPUs per copy divide the 1,024 of the cluster. The first
+# copy size that meets both and fits is the planner's 128.
 
 # %% [markdown]
 # ### Try it
@@ -413,32 +529,64 @@ for name, n in (("measured (2 blocks - 1 block)", two - one),
 # model, check what your model's layers actually keep.
 
 # %% [markdown]
-# ## 4. The power bill, and the price of a lost packet
+# ## 4. The power bill, a lost packet, and a lost run
 #
 # The book's example: 50,000 GPUs at 350 W for 60 days, at $0.10 per kWh.
 
 # %%
-from parlab.memory import expected_waste, failure_cost, training_cost, young_interval
+from parlab.memory import (
+    expected_waste, failure_cost, rdma_retry_times, training_cost, young_interval
+)
 
 run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
 print(run)
 print(f"power {run.power_mw} MW, energy {run.energy_mwh:,.0f} MWh, cost ${run.cost_usd:,.0f}")
 
 # %% [markdown]
-# The chapter's point is that one lost packet during gradient synchronization can stall the
-# job, and without a snapshot the run starts over. A failure on the last day without a
-# checkpoint throws the whole bill away. With a checkpoint every 2 hours, at most 2 hours
-# are lost.
+# The book goes on: a single packet lost during gradient synchronization pauses training,
+# and without a snapshot the run restarts from the beginning. That merges two different
+# events, and overstates the first.
+#
+# * **A lost packet is resent.** The RDMA transports of training clusters (InfiniBand's
+#   reliable connection, RoCE) number their packets and acknowledge them. A gap makes the
+#   receiver ask again at once; a missing acknowledgement makes the sender resend after a
+#   timeout, 4.096 µs × 2^20 with NCCL's default `NCCL_IB_TIMEOUT=20`. The collective finishes
+#   late, and since every GPU waits for it, the whole cluster waits. Frequent losses cost a
+#   lot of throughput, which is why these fabrics are built not to drop packets (credit-based
+#   flow control on InfiniBand, priority flow control on RoCE), but one loss is a delay.
+# * **A transfer that never completes stops the run.** A link, NIC, GPU or host that fails
+#   does not answer any resend: after `NCCL_IB_RETRY_CNT=7` unanswered resends the queue pair
+#   gives up, NCCL reports the error (or a collective hangs until PyTorch's watchdog timeout),
+#   and every rank stops. Chapter 02 shows one rank's failed transfer failing every rank, and a
+#   checkpoint resuming the run.
+#
+# **Exercise 01.3 (predict first).** One lost packet, resent after one timeout, while all
+# 50,000 GPUs wait. What does the wait cost in electricity, in USD?
 
 # %%
-print(f"fail at hour 1,439, no checkpoint:      ${failure_cost(run, 1439):>12,.0f}")
-print(f"fail at hour 1,439, checkpoint every 2 h: ${failure_cost(run, 1439, 2):>10,.0f}")
+answer_01_3 = ...
+check("01.3", answer_01_3)
+
+# %%
+retry = rdma_retry_times()
+wait_usd = run.usd_per_hour * retry.wait_s / 3600
+print(f"one timeout: {retry.wait_s:.2f} s; the transport gives up after {retry.give_up_s:.1f} s")
+print(f"the whole cluster waiting one timeout: ${wait_usd:,.2f}")
+print(f"a failure at hour 1,439, no checkpoint:      ${failure_cost(run, 1439):>12,.0f}")
+print(f"a failure at hour 1,439, checkpoint every 2 h: ${failure_cost(run, 1439, 2):>10,.0f}")
+_ = glue("packet_usd", wait_usd, ".2f")
+
+# %% [markdown]
+# A lost packet costs <span data-glue="packet_usd">2.09</span> dollars of waiting here. What
+# the book's restart costs is a failure: on the last day without a checkpoint it throws the
+# whole bill away, with a checkpoint every 2 hours at most 2 hours of it.
 
 # %% [markdown]
 # A job spread over 50,000 GPUs rarely fails only once: it stops whenever any one of its
-# GPUs, links or hosts fails, so it fails tens of thousands of times more often than one GPU. `expected_waste` treats failures as random arrivals with a mean time
-# between failures (MTBF) for the whole job, and counts the repeated work, restarts and time
-# spent writing checkpoints. Checkpoint too often and the writes cost time; too rarely and
+# GPUs, links or hosts fails, so it fails tens of thousands of times more often than one GPU.
+# `expected_waste` treats failures as random arrivals with a mean time between failures
+# (MTBF) for the whole job, and counts the repeated work, restarts and time spent writing
+# checkpoints. Checkpoint too often and the writes cost time; too rarely and
 # each failure throws more work away. Young's rule, √(2 × write time × MTBF), finds the
 # balance. Here the MTBF is 8 hours and a checkpoint takes 10 minutes to write:
 
@@ -459,40 +607,13 @@ energy_explorer()
 # %% [markdown]
 # ## 5. Exercises
 #
-# Replace each `...` with your answer and run the cell. The checker tells you whether you
-# are right and why, without giving the answer away. The package above has everything you
-# need; try the arithmetic by hand first.
+# Exercises 01.1 to 01.3 are in the text above, each before the cell that answers it. Replace
+# each `...` with your answer and run the cell. The checker tells you whether you are right
+# and why, without giving the answer away.
 #
-# **Exercise 01.1.** A model has 1.5 billion parameters and is trained with Adam in fp32.
-# How many GB (10⁹ bytes) does Adam's optimizer state take?
-
-# %%
-from parlab.exercises import check
-
-answer_01_1 = ...
-check("01.1", answer_01_1)
-
-# %% [markdown]
-# **Exercise 01.2.** GPT-3 175B is trained in bf16 mixed precision with Adam (bf16 weights
-# and gradients, fp32 master weights and Adam state). Ignoring activations, how many 80 GB
-# GPUs are needed at least, just to hold it? (1 GB = 10⁹ bytes; use the parameter count
-# from section 2.)
-
-# %%
-answer_01_2 = ...
-check("01.2", answer_01_2)
-
-# %% [markdown]
-# **Exercise 01.3.** A run uses 16,384 GPUs at 700 W each for 54 days, with electricity at
-# $0.08 per kWh. What does the electricity cost, in USD?
-
-# %%
-answer_01_3 = ...
-check("01.3", answer_01_3)
-
-# %% [markdown]
-# **Exercise 01.4.** A job fails on average every 4 hours, and writing a checkpoint takes 6
-# minutes. By Young's rule, every how many hours should it write a checkpoint?
+# **Exercise 01.4 (a small computation).** A job fails on average every 4 hours, and writing
+# a checkpoint takes 6 minutes. By Young's rule, every how many hours should it write a
+# checkpoint?
 
 # %%
 answer_01_4 = ...

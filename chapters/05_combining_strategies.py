@@ -31,11 +31,16 @@
 #    computes;
 # 3. let a planner choose the layout of GPT-3 175B on 1,024 GPUs of 80 GB: every way to write
 #    1,024 = data x tensor x pipeline, its memory per GPU, its time per step, and where each
-#    rank sits on a rail-optimized cluster; then plan Llama-3-8B, or your own `config.json`,
-#    with activation recomputation on and off;
+#    rank sits on a rail-optimized cluster; see why chapter 01 fits GPT-3 on 64 GPUs and the
+#    planner on no fewer than 128 per copy; what small micro-batches cost a GPU (the
+#    roofline); placement as a search problem (the slides' reinforcement-learning placer);
+#    what larger batches buy and what they may cost in accuracy; then plan Llama-3-8B, or
+#    your own `config.json`, with activation recomputation on and off;
 # 4. run a small 3D-parallel job for real: 8 ranks, data 2 x tensor 2 x pipeline 2, equal to
 #    one-process training, with every message labelled by its group and link;
-# 5. solve four exercises.
+# 5. see why serving a large model needs model parallelism too;
+# 6. solve five exercises; two of them ask you to predict a number before the notebook
+#    prints it, and two ask about sizes it never prints.
 
 # %% [markdown]
 # ## 1. CNNs: replicate the convolutions, split the fully connected layers
@@ -152,7 +157,9 @@ print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
 #   bf16 weights and gradients, fp32 master weights and Adam moments, and the activations
 #   of the micro-batches in flight (1F1B: up to pp of them on the first stage).
 # * **How long is a step?** Compute: 6 x parameters x tokens FLOPs, shared by all GPUs, at
-#   989 TFLOP/s (an H100's dense bf16 peak) x 40 %. Pipeline bubble: a step of m
+#   989 TFLOP/s (an H100's dense bf16 peak) x 40 %, times the share of that speed a
+#   micro-batch of its size reaches (small micro-batches run slower; see "Small
+#   micro-batches" below). Pipeline bubble: a step of m
 #   micro-batches lasts m + pp - 1 slots. Communication, from `parlab.comm.cost`'s alpha-beta
 #   model on the links the ranks land on: tensor-parallel all-reduces (four per block and
 #   micro-batch), pipeline sends between stages, one gradient all-reduce per stage across
@@ -173,8 +180,24 @@ planner_explorer()
 # ### Why not less model parallelism?
 #
 # Most ways to write 1,024 as a product never reach the timing stage. The search keeps the
-# reason for each one it drops; here is pure data parallelism and every other layout that
-# fails on memory alone, even with a single sequence per micro-batch:
+# reason for each one it drops. More pipeline stages cut the weights and optimizer state
+# per GPU, but not everything.
+#
+# **Exercise 05.1 (predict first).** GPT-3 175B on 1,024 GPUs, tp = 8, one sequence per
+# micro-batch, 1F1B. Which part of the busiest GPU's memory stays the same whether pp is 8,
+# 16 or 32?
+# Answer with a part name of `parlab.memory.Breakdown`, such as `"parameters"`, before the
+# next cells print the memory of each layout.
+
+# %%
+from parlab.exercises import check
+
+answer_05_1 = ...
+check("05.1", answer_05_1)
+
+# %% [markdown]
+# Pure data parallelism and every other layout that fails on memory alone, even with a
+# single sequence per micro-batch:
 
 # %%
 from parlab.hybrid import plan, search
@@ -185,10 +208,39 @@ for r in found.rejected:
         print(f"dp {r.dp:>4} x tp {r.tp} x pp {r.pp:>2}: {r.reason}")
 
 # %% [markdown]
-# More pipeline stages cut the weights and optimizer state per GPU, but not everything: the
-# closest misses (faded in the figure above) pass the memory floor and still end just over
-# the line once the micro-batches in flight are counted. Exercise 05.1 asks which part of
-# the memory refuses to shrink.
+# The closest misses (faded in the figure above) pass the memory floor and still end just
+# over the line once the micro-batches in flight are counted.
+#
+# ### Chapter 01 said 64 GPUs
+#
+# Chapter 01 fits GPT-3 175B on 64 GPUs; here nothing with fewer than 128 GPUs per model
+# copy fits. Both are right under their own assumptions. Chapter 01 trains 8 sequences as a
+# single micro-batch, so the first stage holds one micro-batch's activations while all but
+# one stage wait. This step trains 1,536 sequences in micro-batches of one; 1F1B keeps pp of
+# them on the first stage. `copy_sizes` changes one assumption at a time:
+
+# %%
+from parlab.hybrid import copy_sizes
+from parlab.viz import glue
+
+sizes = copy_sizes("GPT-3 175B")
+print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
+for row in sizes:
+    print(row.row())
+glue("copy_few", sizes[0].gpus)
+glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
+glue("copy_fewest", sizes[2].gpus)
+glue("copy_recompute", sizes[3].gpus)
+_ = glue("copy_planner", sizes[4].gpus)
+
+# %% [markdown]
+# Chapter 01's <span data-glue="copy_few">64</span> GPUs hold GPT-3 only with a pipeline
+# that is idle <span data-glue="copy_few_bubble">97</span> % of the time; given this
+# chapter's step, the same split runs out of memory. Sized for that step, a copy needs
+# <span data-glue="copy_fewest">72</span> GPUs, or <span data-glue="copy_recompute">40</span>
+# with full recomputation (chapter 06). The planner adds two rules: every stage holds the
+# same number of layers, and the GPUs per copy divide the cluster's 1,024. The narrowest copy
+# that meets both and fits has <span data-glue="copy_planner">128</span> GPUs.
 #
 # ### Where the ranks sit
 #
@@ -214,6 +266,155 @@ print("links per group:", best.links)
 from parlab.viz.plots import placement_figure
 
 show(placement_figure(2, 4, 4))
+
+# %% [markdown]
+# ### Small micro-batches: what the GPU pays
+#
+# Left to the bubble alone, the planner would always cut the batch into micro-batches of one
+# sequence: more micro-batches, smaller bubble. The slides add the other side: small
+# micro-batches lower the GPU's utilization. A linear layer multiplies the micro-batch's
+# n tokens (an n x k matrix) by a k x m weight: 2nkm FLOPs for reading the input and the
+# weight and writing the output. With few tokens the whole weight is read for little
+# arithmetic, and the product waits on memory. The *roofline* model (Williams, Waterman and
+# Patterson, 2009) says how much: a product runs at full speed when its FLOPs per byte moved
+# reach the GPU's *ridge point*, peak FLOP/s over memory bandwidth, and proportionally slower
+# below it. For an H100 the datasheet gives 989 TFLOP/s of dense bf16 and 3.35 TB/s of
+# memory bandwidth. `parlab.models.block_matmul_efficiency` applies the roofline to the
+# weight products of one transformer block on one tensor-parallel rank, and the planner
+# multiplies its 40 % by it. (It is an upper bound: near the ridge, real kernels lose a little
+# more.)
+#
+# **Exercise 05.5 (predict first, a small computation).** At tp = 8, GPT-3's output
+# projection on one GPU is a 1,536 x 12,288 weight. From how many tokens per micro-batch is
+# its product compute-bound, by the roofline?
+
+# %%
+answer_05_5 = ...
+check("05.5", answer_05_5)
+
+# %% [markdown]
+# The whole block, across micro-batch sizes:
+
+# %%
+from parlab.models import GPT3_175B, block_matmul_efficiency
+
+print("tokens per micro-batch:    " + "".join(f"{n:>7,}" for n in (64, 128, 256, 512, 2048)))
+for tp in (1, 8):
+    print(f"GPT-3 block, tp = {tp}:       " + "".join(
+        f"{block_matmul_efficiency(GPT3_175B, n, tp):>7.0%}" for n in (64, 128, 256, 512, 2048)))
+
+# %% [markdown]
+# The curve rises with the micro-batch and levels off at full speed. A measurement on this
+# machine's CPU shows the same effect: `torch.matmul` of a few tokens by a 4,096 x 4,096
+# weight (64 MB in fp32, larger than the CPU's caches), in GFLOP/s. (Measured here, so the
+# numbers change from run to run and machine to machine; for the smallest products the CPU
+# library switches between kernels, so the first rows can jump around.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from parlab.models import matmul_rates
+
+for tokens, rate in matmul_rates():
+    print(f"{tokens:>5} tokens: {rate:7.1f} GFLOP/s")
+
+# %% [markdown]
+# One GPT-3 sequence is 2,048 tokens, far beyond the knee: a micro-batch of one sequence
+# already runs at full speed, so the planner's choice of one sequence per micro-batch
+# is not an artifact of its model. Hagemann et al. (2023, "Efficient Parallelization Layouts
+# for Large-Scale Distributed Model Training") found the same in their measurements: a
+# micro-batch of one was usually part of the fastest layouts. With short sequences it
+# changes. The same tokens per step in sequences of 256 tokens, planned with the roofline
+# and without it (`gpu_tb_per_s=math.inf`: every product at full speed):
+
+# %%
+import math
+
+from parlab.hybrid import evaluate
+
+short = dict(seq=256, global_batch=1536 * 2048 // 256)
+wins = {}
+for label, bandwidth in (("with the roofline", 3.35), ("without it", math.inf)):
+    wins[label] = win = plan("GPT-3 175B", 1024, 80, gpu_tb_per_s=bandwidth, **short)[0]
+    print(f"{label:<18} {win}; {win.micro_batch * 256:,} tokens per micro-batch, bubble "
+          f"{win.bubble_fraction:.1%}")
+flat = wins["without it"]
+really = evaluate("GPT-3 175B", flat.dp, flat.tp, flat.pp, flat.microbatches, **short)
+print(f"the roofline's verdict on the second: its GPUs run at {really.efficiency:.0%} of "
+      f"compute-bound speed, a step takes {really.step_time_s:.2f} s, not "
+      f"{flat.step_time_s:.2f} s")
+glue("short_b_roof", wins["with the roofline"].micro_batch)
+_ = glue("short_b_flat", flat.micro_batch)
+
+# %% [markdown]
+# Without the roofline the planner picks micro-batches of
+# <span data-glue="short_b_flat">1</span> sequence, whose products run below full speed;
+# with it, it picks <span data-glue="short_b_roof">2</span>, large enough to keep the GPU at
+# full speed, and other degrees to go with it: fewer micro-batches per step, so fewer
+# pipeline stages to keep the bubble small.
+#
+# ### Placement is a search
+#
+# The slides call device placement for model parallelism "challenging" and show a way to
+# learn it: Mirhoseini et al. (2017, "Device Placement Optimization with Reinforcement
+# Learning") train a policy network that reads a model's operations (grouped into co-located
+# sets) and proposes a device for each; each proposal is run, its measured step time is the
+# reward, and the policy improves by reinforcement learning. Later work learns the grouping
+# too (Mirhoseini et al., 2018), or searches with a simulator instead of real runs (FlexFlow,
+# Jia et al., 2019). The planner of this chapter is a placement search as well, but over a
+# space cut down by the structure of a transformer (identical blocks, equal stages,
+# Megatron's split, rail-aligned ranks), small enough to try every point with a cost model.
+# The sizes:
+
+# %%
+space = found.space()
+print(f"ways to write 1,024 = dp x tp x pp: {space['triples']}; layouts priced: "
+      f"{space['evaluated']}; layouts that fit: {space['fit']}")
+stages, gpus_per_copy = best.pp, best.tp * best.pp
+cuts = math.comb(GPT3_175B.n_layers - 1, stages - 1)
+print(f"cutting 96 blocks into {stages} contiguous stages: {cuts:.2e} ways (the planner: 1, "
+      f"equal stages)")
+print(f"any block on any of the {gpus_per_copy} GPUs of one copy: "
+      f"{gpus_per_copy}^96 = 10^{96 * math.log10(gpus_per_copy):.0f} placements")
+glue("space_evaluated", space["evaluated"])
+_ = glue("space_triples", space["triples"])
+
+# %% [markdown]
+# The planner priced <span data-glue="space_evaluated">80</span> layouts from
+# <span data-glue="space_triples">66</span> ways to write the GPU count, where an
+# unconstrained placement of blocks alone has more choices than can ever be tried. Learned
+# placement pays off on irregular graphs, where no such structure cuts the space down; its
+# price is many trial runs to learn from. For a stack of identical transformer blocks the
+# structure does the work.
+#
+# ### Larger batches: faster steps, not always a better model
+#
+# The slides' other way to shrink the bubble is a larger mini-batch: more micro-batches per
+# step for the same pipeline. The planner shows what it buys. GPT-3 was trained on 300
+# billion tokens; here is the best layout for a few batch sizes, and the days that many tokens
+# would take:
+
+# %%
+days = {}
+for batch in (1536, 3072, 6144, 12288):
+    lay = plan("GPT-3 175B", 1024, 80, global_batch=batch)[0]
+    steps = 300e9 / (batch * 2048)
+    days[batch] = steps * lay.step_time_s / 86400
+    print(f"batch {batch:>6,}: {lay.name:<34} bubble {lay.bubble_fraction:5.1%}, "
+          f"{steps:>7,.0f} steps, {days[batch]:5.1f} days")
+_ = glue("big_batch_saving", 100 * (1 - days[12288] / days[1536]), ".0f")
+
+# %% [markdown]
+# Eight times the batch saves <span data-glue="big_batch_saving">12</span> % of the time
+# here, because with micro-batches of one sequence the bubble is already small. It would pay
+# only if the model learned as much from 300 billion tokens taken in larger steps, and the
+# slides warn that it may not: very large mini-batches can cost accuracy. Keskar et al.
+# (2017) found that large-batch training tends to reach sharp minima that generalize worse.
+# Goyal et al. (2017) trained ResNet-50 on ImageNet with batches up to 8,192 images without
+# losing accuracy, by scaling the learning rate with the batch and warming it up, and saw
+# accuracy drop beyond that. McCandlish et al. (2018) tie the useful batch size to the noise
+# of the gradient: past a *critical batch size*, doubling the batch no longer halves the
+# number of steps. This chapter's planner counts tokens per second, not what the model
+# learns from them; choosing the batch is a question for the optimizer, not for the cluster.
 
 # %% [markdown]
 # ### Your model on your cluster
@@ -318,44 +519,63 @@ show(traffic_3d_figure(job))
 # sequence of 2,048 tokens x 12,288 features, each stage has more than a billion gradients),
 # and weighing them is what the planner's time model does.
 #
-# ## 5. Exercises
+# ## 5. Serving needs model parallelism too
 #
-# Replace each `...` with your answer and run the cell. The checker says whether you are
-# right and why, without giving the answer away.
-#
-# **Exercise 05.1.** GPT-3 175B on 1,024 GPUs of 80 GB, tp = 8, 1F1B, one sequence per
-# micro-batch. Which part of the busiest GPU's memory stays the same whether pp is 8, 16 or
-# 32? Answer with a part name of `parlab.memory.Breakdown`, such as `"parameters"`. (Try
-# `parlab.hybrid.evaluate("GPT-3 175B", dp, 8, pp, microbatches=...)`.)
+# The book says that pipeline parallelism is not required for inference, because a model
+# answers by generating one token after another. Generation is sequential, but that does
+# not make the model smaller. Serving needs no gradients, no optimizer state and no master
+# weights, but it still needs the weights, and a *key/value cache*: the K and V vectors of
+# every token so far, in every layer, kept so that each new token does not recompute them.
+# `parlab.memory.serving_bytes` counts both for GPT-3 175B in bf16, with sequences of 2,048
+# tokens:
 
 # %%
-from parlab.exercises import check
+from parlab import memory
 
-answer_05_1 = ...
-check("05.1", answer_05_1)
+for batch in (1, 8, 32):
+    serving = memory.serving_bytes("GPT-3 175B", batch=batch, seq=2048)
+    print(f"{serving}: at least {serving.gpus(80)} GPUs of 80 GB")
+weights = memory.serving_bytes("GPT-3 175B").weights
+_ = glue("serve_weights_x", weights / 80e9, ".1f")
 
 # %% [markdown]
-# **Exercise 05.2.** dp 8 x tp 2 x pp 2 on four servers of 8 GPUs, placed as the planner
-# places ranks. Which link types does the data-parallel ring of stage 0 (tensor index 0)
-# use? Answer a set such as `{"nvlink"}`.
+# The weights alone are <span data-glue="serve_weights_x">4.4</span> times an 80 GB GPU, so
+# GPT-3 cannot answer a single question from one GPU. It is served split, as it is trained:
+# tensor parallelism inside a server keeps each token's latency low, pipeline stages across
+# servers add memory for more weights and longer caches. Serving systems such as vLLM and
+# NVIDIA's TensorRT-LLM offer both. What the book gets right is that a pipeline serving one
+# request at a time idles, for the reason chapter 03 shows: only one stage works on a token
+# at once. Servers fill it with many requests in flight, as training fills it with
+# micro-batches.
+#
+# ## 6. Exercises
+#
+# Exercises 05.1 and 05.5 are in section 3, each before the cells that answer it. Replace
+# each `...` with your answer and run the cell. The checker says whether you are right and
+# why, without giving the answer away.
+#
+# **Exercise 05.2 (predict, then check with a run of your own).** dp 8 x tp 2 x pp 2 on
+# four servers of 8 GPUs, placed as the planner places ranks. Which link types does the
+# data-parallel ring of stage 0 (tensor index 0) use? Answer a set such as `{"nvlink"}`.
 
 # %%
 answer_05_2 = ...
 check("05.2", answer_05_2)
 
 # %% [markdown]
-# **Exercise 05.3.** In the CNN of section 1, up to which batch size does splitting `conv4`
-# (the cheaper of the two tensor-parallel splits) move fewer bytes per step than data
-# parallelism?
+# **Exercise 05.3 (a small computation).** In the CNN of section 1, up to which batch size
+# does splitting `conv4` (the cheaper of the two tensor-parallel splits) move fewer bytes
+# per step than data parallelism? Section 1 printed the line for three other layers, not
+# this one.
 
 # %%
 answer_05_3 = ...
 check("05.3", answer_05_3)
 
 # %% [markdown]
-# **Exercise 05.4.** Take the planner's best layout for GPT-3 175B on 1,024 GPUs of 80 GB
-# and halve the global batch, keeping the degrees and the micro-batch size. What is its
-# bubble fraction (idle slots over all slots)?
+# **Exercise 05.4 (a small computation).** Take the planner's best layout for GPT-3 175B on
+# 1,024 GPUs of 80 GB and halve the global batch, keeping the degrees and the micro-batch
+# size. What is its bubble fraction (idle slots over all slots)?
 
 # %%
 answer_05_4 = ...

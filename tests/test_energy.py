@@ -69,21 +69,26 @@ def test_bad_input_is_a_clear_error(kwargs, message):
 def test_exercises_01_3_and_01_4_accept_the_right_answer_and_never_print_it():
     from parlab.exercises import check
 
-    bill = training_cost(gpus=16_384, watts_per_gpu=700, days=54, usd_per_kwh=0.08).cost_usd
-    assert check("01.3", round(bill)).ok is True
+    # 01.3: 17.5 MW for 4.096 us x 2**20 seconds, at $0.10 per kWh
+    wait_usd = 50_000 * 350 / 1000 * (4.096e-6 * 2 ** 20) / 3600 * 0.10
+    assert check("01.3", round(wait_usd, 2)).ok is True
     assert check("01.4", round(young_interval(4, 6), 2)).ok is True
-    for exercise_id, wrong, answer in (("01.3", bill / 24, f"{bill:,.0f}"),
-                                       ("01.3", bill * 1000, f"{bill:.0f}"),
+    for exercise_id, wrong, answer in (("01.3", wait_usd * 8, f"{wait_usd:.2f}"),
+                                       ("01.3", wait_usd * 10, f"{wait_usd:.2f}"),
+                                       ("01.3", 1750, f"{wait_usd:.2f}"),
                                        ("01.4", young_interval(4, 6) * 60, "0.89")):
         verdict = check(exercise_id, wrong)
         assert verdict.ok is False and answer not in verdict.message
 
 
-def test_energy_widget_prints_the_bill(capsys):
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    from parlab.viz.widgets.memory import draw_energy
-
-    fig = draw_energy(50_000, 350, 60, 0.10, 8, 10)
-    out = capsys.readouterr().out
-    assert fig is not None and "$2,520,000" in out and "Young" in out
+def test_a_lost_packet_waits_one_timeout_and_a_dead_link_fails_after_every_retry():
+    from parlab.memory import rdma_retry_times
+    times = rdma_retry_times()                       # NCCL's defaults: 20 and 7
+    assert times.wait_s == pytest.approx(4.096e-6 * 1_048_576)
+    assert times.give_up_s == pytest.approx(8 * times.wait_s)
+    assert rdma_retry_times(14, 0) == (pytest.approx(0.0671088640), pytest.approx(0.0671088640))
+    for kwargs, message in ((dict(ib_timeout=0), "ib_timeout must be an integer from 1 to 31"),
+                            (dict(ib_timeout=2.5), "ib_timeout must be an integer"),
+                            (dict(retry_count=8), "retry_count must be an integer from 0 to 7")):
+        with pytest.raises(ValueError, match=message):
+            rdma_retry_times(**kwargs)

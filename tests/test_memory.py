@@ -123,11 +123,17 @@ def test_measure_refuses_what_one_process_cannot_run():
 def test_exercises_01_1_and_01_2_accept_the_right_answer_and_never_print_it():
     from parlab.exercises import check
 
-    assert check("01.1", 12).ok is True
+    # 01.1, float by float: A1 keeps 4 samples of x (4) and targets (2), z (5+5+2), y (5+5;
+    # the linear output's y is its z) and E (5+5+2); W and b (67 numbers) and their local
+    # gradients, remote gradients and adjustments; one learning rate per layer
+    a1 = 4 * (4 * (4 + 2 + 12 + 10 + 12) + 4 * 67 + 3)
+    alone = 4 * (8 * (4 + 2 + 12 + 10 + 12) + 3 * 67 + 3)
+    assert check("01.1", a1).ok is True
     state = 16 * count_parameters(GPT3_175B)["total"]
     gpus = math.ceil(state / (80 * GB))
     assert check("01.2", gpus).ok is True
-    for exercise_id, wrong, answer in (("01.1", 6, "12"), ("01.1", 24, "12"),
+    for exercise_id, wrong, answer in (("01.1", alone, str(a1)), ("01.1", alone + 268, str(a1)),
+                                       ("01.1", 7, str(a1)),
                                        ("01.2", gpus - 1, str(gpus)), ("01.2", 5, str(gpus))):
         verdict = check(exercise_id, wrong)
         assert verdict.ok is False and answer not in verdict.message

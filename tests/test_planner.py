@@ -175,19 +175,49 @@ def test_summary_table_rows_are_backed_by_computed_numbers():
     assert text.count("parallelism\n") == 4
 
 
-def test_chapter_05_exercises_accept_the_computed_answers():
+def _conv4_line_by_hand() -> int:
+    """Largest batch at which splitting conv4 sends fewer elements than its gradient: read
+    the layer's weights and its per-sample input and output off the module itself."""
+    import torch
+    from parlab.models import SmallCNN
+    cnn = SmallCNN()
+    conv4 = dict(cnn.named_modules())["conv4"]
+    seen = {}
+    conv4.register_forward_hook(lambda m, i, o: seen.update(i=i[0].numel(), o=o.numel()))
+    cnn(torch.zeros(1, 3, 32, 32))
+    weights = sum(p.numel() for p in conv4.parameters())
+    per_sample = min(seen["i"], seen["o"])
+    return max(b for b in range(weights) if b * per_sample < weights)
+
+
+def test_chapter_05_exercises_accept_independently_computed_answers():
     from parlab.exercises import check
-    from parlab.exercises.ch05 import _answers
-    answers = _answers()
-    assert answers["05.1"] == "activations"
-    assert answers["05.2"] == {"rail", "spine"}
-    for exercise_id, answer in answers.items():
-        assert check(exercise_id, answer).ok is True, exercise_id
+    import parlab.exercises.ch05 as ch05
+    assert not hasattr(ch05, "_answers")  # no answer key one call away
+    # 05.1: 1F1B keeps pp micro-batches of L/pp layers on the first stage: L layers' worth
+    # of activations whatever pp is. Check that premise on the calculator, then the checker.
+    acts = {pp: memory.estimate(GPT3_175B, (1536, 2048), "adam", "bf16", 128 // pp, 8, pp,
+                                1536 // (128 // pp), "1f1b").activations for pp in (8, 16, 32)}
+    assert max(acts.values()) / min(acts.values()) < 1.01
+    assert check("05.1", "activations").ok is True
     assert check("05.1", "parameters").ok is False
+    # 05.2: replicas step down the servers at one GPU position (a rail), and the ring closes
+    # across GPU positions on another server (the spine)
+    assert check("05.2", {"rail", "spine"}).ok is True
     assert check("05.2", {"nvlink"}).ok is False
-    assert check("05.3", answers["05.3"] + 1).ok is False
-    assert check("05.4", 0.5).ok is False
-    assert check("05.4", ...).ok is None
+    line = _conv4_line_by_hand()
+    assert check("05.3", line).ok is True and check("05.3", line + 1).ok is False
+    win = plan("GPT-3 175B", 1024, 80)[0]
+    half = (win.pp - 1) / (win.microbatches // 2 + win.pp - 1)
+    assert check("05.4", half).ok is True
+    assert check("05.4", 0.5).ok is False and check("05.4", ...).ok is None
+    k, m, ridge = 1536, 12288, 989 / 3.35     # n k m / (n k + k m + n m) = ridge, for n
+    tokens = math.ceil(ridge * k * m / (k * m - ridge * (k + m)))
+    assert check("05.5", tokens).ok is True
+    assert check("05.5", round(ridge)).ok is False and check("05.5", 2048).ok is False
+    for exercise_id, wrong in (("05.1", "gradients"), ("05.5", 100)):
+        assert "activations" not in check(exercise_id, wrong).message
+        assert str(tokens) not in check(exercise_id, wrong).message
 
 
 def test_planner_explorer_draws_and_explains(capsys):

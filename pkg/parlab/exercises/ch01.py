@@ -1,7 +1,8 @@
 """Chapter 01 exercises: put bytes, GPUs and dollars on Figure 8-1 and the power example.
 
 Every expected answer is computed by the package (``parlab.memory``, ``parlab.models``,
-``parlab.memory.energy``) when the checker runs, so it cannot drift from what the notebook shows.
+``parlab.memory.energy``, Figure 8-1's step) when the checker runs, so it cannot drift from
+what the notebook shows; a wrong answer gets a hint, never the number.
 """
 
 from __future__ import annotations
@@ -15,25 +16,35 @@ def _close(answer, expected, rel=0.01) -> bool:
     return math.isclose(float(answer), expected, rel_tol=rel)
 
 
-@exercise("01.1", "A model has 1.5 billion parameters and is trained with Adam in fp32. How "
-                  "many GB (10**9 bytes) does Adam's optimizer state take?")
-def _adam_state(answer):
-    from parlab.units import GB
-    from parlab.memory import OPTIMIZERS
-    n = 1.5e9
-    expected = n * 4 * OPTIMIZERS["adam"] / GB
+@exercise("01.1", "GPU A1 trains the (4, 5, 5, 2) network on its own half (4 samples) of the "
+                  "batch of 8 and receives A2's gradients for every weight and bias. How many "
+                  "bytes does A1 hold in all, counted as in the table of the lone GPU?")
+def _a1_with_peer(answer):
+    from parlab.models import bytes_by_scaling
+    from parlab.viz.plots import figure_8_1_step
+    alone = bytes_by_scaling(figure_8_1_step(with_peer=False))
+    a1 = bytes_by_scaling(figure_8_1_step(with_peer=True))
+    expected, whole = sum(a1.values()), sum(alone.values())
+    remote = a1["parameters"] - alone["parameters"]
     value = float(answer)
-    if _close(value, expected):
-        return right("Adam keeps two fp32 values per parameter (the running mean of the "
-                     "gradient and of its square): 8 bytes per parameter.")
-    if _close(value, expected / 2):
-        return wrong("That is one value per parameter. Adam keeps two moving averages.")
-    if _close(value, expected * 2) or _close(value, expected * 1.5):
-        return wrong("Count only the optimizer's own state, not the weights or the gradients.")
-    if _close(value, expected * GB) or _close(value, expected * GB / 4):
-        return wrong("Give the answer in GB (10**9 bytes), not bytes or values.")
-    return wrong("How many numbers does Adam remember per parameter, and how many bytes is an "
-                 "fp32 number?")
+    if value == expected:
+        return right("Every row that has one line per sample (the data, z, y, E) halves; every "
+                     "row with one number per weight stays, and the remote gradients add one "
+                     "more such copy. Here the halving saves more than the copy costs.")
+    if value == whole:
+        return wrong("That is the lone GPU's total. A1 sees only half of the samples.")
+    if value == whole + remote:
+        return wrong("You added A2's gradients. Which rows shrink when A1 trains on 4 samples "
+                     "instead of 8?")
+    if value == expected - remote:
+        return wrong("You halved the rows that follow the batch. What does A1 receive from A2, "
+                     "and how large is it?")
+    if value in (whole / 2, whole / 2 + remote):
+        return wrong("Not every row follows the batch: which ones have one number per weight, "
+                     "whatever the batch?")
+    return wrong("Sort the lone GPU's rows into those with one line per sample and those with "
+                 "one number per weight or bias; halve the first kind, and add one more copy of "
+                 "the per-weight gradients.")
 
 
 @exercise("01.2", "GPT-3 175B is trained in bf16 mixed precision with Adam (bf16 weights and "
@@ -66,20 +77,28 @@ def _gpt3_gpus(answer):
                  "and divide by 80 GB.")
 
 
-@exercise("01.3", "A run uses 16,384 GPUs at 700 W each for 54 days, with electricity at "
-                  "$0.08 per kWh. What does the electricity cost, in USD?")
-def _energy_bill(answer):
-    from parlab.memory import training_cost
-    expected = training_cost(gpus=16_384, watts_per_gpu=700, days=54, usd_per_kwh=0.08).cost_usd
+@exercise("01.3", "The book's run (50,000 GPUs at 350 W, $0.10 per kWh) loses one packet, and "
+                  "the RDMA transport resends it after one acknowledgement timeout of "
+                  "4.096 us x 2**20 (NCCL's default). Every GPU waits meanwhile. What does the "
+                  "wait cost in electricity, in USD?")
+def _lost_packet(answer):
+    from parlab.memory import rdma_retry_times, training_cost
+    run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
+    times = rdma_retry_times()
+    expected = run.usd_per_hour * times.wait_s / 3600
     value = float(answer)
-    if _close(value, expected):
-        return right("Power x hours x price: the same three steps as the book's example.")
-    if _close(value, expected / 24):
-        return wrong("Energy is power x *hours*: convert the days first.")
-    if _close(value, expected * 1000) or _close(value, expected / 1000):
-        return wrong("Check the units: the price is per kWh, and 1 kW = 1,000 W.")
-    return wrong("Compute the power in kW, multiply by the hours of the run to get kWh, then "
-                 "by the price per kWh.")
+    if _close(value, expected, rel=0.03):
+        return right("A few dollars: a lost packet costs time, not the run. What costs the "
+                     "run is a transfer that never completes.")
+    if _close(value, run.usd_per_hour * times.give_up_s / 3600, rel=0.03):
+        return wrong("That is the wait until the transport gives up after every retry. One "
+                     "lost packet is resent after the first timeout.")
+    if _close(value, run.power_mw * 1000 * times.wait_s / 3600, rel=0.03):
+        return wrong("That is the energy in kWh. Multiply by the price per kWh.")
+    if _close(value, run.usd_per_hour, rel=0.03):
+        return wrong("That is an hour of the run. How long is the wait, in hours?")
+    return wrong("Work out the wait in seconds, the power of the whole cluster in kW, the "
+                 "energy of the wait in kWh, and its price.")
 
 
 @exercise("01.4", "A job fails on average every 4 hours, and writing a checkpoint takes 6 "

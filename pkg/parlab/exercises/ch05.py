@@ -1,6 +1,8 @@
 """Chapter 05 exercises: what pipeline depth cannot shrink, where a data-parallel ring runs, where
-a CNN layer's line falls, and how the bubble follows the batch. Every expected answer is
-computed by the package when the checker runs, never typed in."""
+a CNN layer's line falls, how the bubble follows the batch, and from how many tokens a weight
+product is compute-bound. Every expected answer is computed by the package when the checker
+runs, never typed in; a wrong answer gets a hint, never the answer. There is no answer key
+to call: the tests compute the answers their own way."""
 
 from __future__ import annotations
 
@@ -63,12 +65,6 @@ def _half_batch_bubble() -> float:
     return bubble_fraction(win.pp, win.microbatches // 2)
 
 
-def _answers() -> dict:
-    """The right answers, computed (used by the tests; a reader solves them in the notebook)."""
-    return {"05.1": _steadiest_part(), "05.2": _ring_links(), "05.3": _conv4_line(),
-            "05.4": _half_batch_bubble()}
-
-
 @exercise("05.1", "GPT-3 175B on 1,024 GPUs, tp=8, 1F1B, one sequence per micro-batch: which "
                   "part of the busiest GPU's memory stays the same whether pp is 8, 16 or 32? "
                   "Answer with a Breakdown part name such as 'parameters'.")
@@ -84,8 +80,10 @@ def _steady(answer):
     depth = _by_depth()
     return wrong(f"{answer.replace('_', ' ')} goes from "
                  f"{getattr(depth[8], answer) / 1e9:.1f} GB at pp=8 to "
-                 f"{getattr(depth[32], answer) / 1e9:.1f} GB at pp=32: it is cut with the "
-                 f"layers. Which part also grows with the micro-batches a stage keeps?")
+                 f"{getattr(depth[32], answer) / 1e9:.1f} GB at pp=32: the first stage holds "
+                 f"fewer layers of it. For each other part ask two things: does the first "
+                 f"stage hold less of it when it has fewer layers, and more of it when more "
+                 f"micro-batches are in flight?")
 
 
 @exercise("05.2", "dp 8 x tp 2 x pp 2 on 4 servers of 8 GPUs, placed as the planner places "
@@ -142,3 +140,38 @@ def _bubble(answer):
         return wrong("That is the bubble measured against the ideal time; the chapter counts "
                      "idle slots over all slots.")
     return wrong("Read pp and m from the winner, halve m, and count idle slots over all slots.")
+
+
+_OUT_PROJ = (12288 // 8, 12288)  # GPT-3's output projection on one of 8 tensor ranks (k x m)
+
+
+def _compute_bound_tokens() -> int:
+    """The fewest tokens for which the roofline calls ``_OUT_PROJ``'s product compute-bound."""
+    from parlab.models import matmul_efficiency
+    low, high = 1, 1 << 20
+    while low < high:  # the efficiency rises with the tokens: bisect for the first 1.0
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if matmul_efficiency(mid, *_OUT_PROJ) < 1 else (low, mid)
+    return low
+
+
+@exercise("05.5", "GPT-3's output projection, split over tp=8, is a 1,536 x 12,288 weight. In "
+                  "bf16 on an H100 (989 TFLOP/s, 3.35 TB/s), from how many tokens per "
+                  "micro-batch does the roofline call its product compute-bound?")
+def _roofline(answer):
+    from parlab.models import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
+    expected, value = _compute_bound_tokens(), float(answer)
+    ridge = H100_BF16_TFLOPS / H100_HBM_TB_PER_S
+    if abs(value - expected) <= max(2, 0.02 * expected):
+        k, m = _OUT_PROJ
+        return right(f"Below that, the {2 * k * m / 1e6:.1f} MB weight is read for too little "
+                     f"arithmetic: the product waits on memory. One sequence of 2,048 tokens "
+                     f"is well past it, so a micro-batch of one sequence costs GPT-3 nothing "
+                     f"in this model.")
+    if abs(value - ridge) < 2:
+        return wrong("That is the ridge point itself, in FLOPs per byte. The product's "
+                     "intensity with n tokens is less than n: count every matrix it reads or "
+                     "writes.")
+    return wrong("Write the FLOPs (2 n k m) and the bytes moved (2 bytes for each element of "
+                 "the input, the weight and the output) as functions of n, set their ratio "
+                 "equal to peak FLOP/s over bytes per second, and solve for n.")

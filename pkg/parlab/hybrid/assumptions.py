@@ -15,8 +15,13 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   about 3.2 M tokens); training FLOPs = 6 x parameters x tokens (forward 2, backward 4; the
   attention-score FLOPs, a few percent at this length, are left out); each GPU does 1/gpus
   of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x ``mfu`` (0.4: the share
-  of peak a GPU sustains in its matrix multiplications). Bubbles and communication come on
-  top of that, so the planner's own "achieved MFU" comes out lower.
+  of peak a GPU sustains in large matrix multiplications) x the roofline efficiency of a
+  micro-batch (:func:`parlab.models.block_matmul_efficiency`: a micro-batch of b x seq
+  tokens keeps a block's weight products compute-bound only if their FLOPs per byte reach
+  ``gpu_tflops / gpu_tb_per_s``, 295 on an H100; below that, the share is intensity /
+  ridge). So small micro-batches cost compute time, large ones cost bubble and memory, and
+  the search weighs the two; ``gpu_tb_per_s=math.inf`` switches the effect off. Bubbles and
+  communication come on top, so the planner's own "achieved MFU" comes out lower.
 - **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
   parameter), activations of the micro-batches in flight; ``zero`` (ZeRO stage 0-3, chapter
   06) shards the model states over the dp replicas, and stage 3 makes the data-parallel
@@ -55,7 +60,7 @@ from dataclasses import dataclass
 
 from parlab import memory
 from parlab.hybrid.placement import _positive
-from parlab.models import H100_BF16_TFLOPS, MFU
+from parlab.models import H100_BF16_TFLOPS, H100_HBM_TB_PER_S, MFU
 from parlab.tensor_parallel import divisors
 
 __all__ = ["TIME_PARTS", "Assumptions", "bubble_fraction", "split_problem"]
@@ -112,6 +117,7 @@ class Assumptions:
     optimizer: str = "adam"
     gpu_tflops: float = H100_BF16_TFLOPS
     mfu: float = MFU
+    gpu_tb_per_s: float = H100_HBM_TB_PER_S  # memory bandwidth: the roofline's ridge point
     schedule: str = "1f1b"
     microbatches: tuple | None = None  # None: every count that divides a replica's batch
     zero: int = 0                      # ZeRO stage of the data-parallel replicas
@@ -140,6 +146,11 @@ class Assumptions:
         if not self.gpu_tflops > 0 or not 0 < self.mfu <= 1:
             raise ValueError(f"gpu_tflops must be positive and mfu in (0, 1], got "
                              f"{self.gpu_tflops!r} and {self.mfu!r}")
+        if isinstance(self.gpu_tb_per_s, bool) or not isinstance(self.gpu_tb_per_s, (int, float)) \
+                or not self.gpu_tb_per_s > 0:
+            raise ValueError(f"gpu_tb_per_s must be a positive memory bandwidth in TB/s "
+                             f"(math.inf: every micro-batch compute-bound), got "
+                             f"{self.gpu_tb_per_s!r}")
         if isinstance(self.zero, bool) or self.zero not in memory.ZERO_STAGES:
             raise ValueError(f"zero must be one of {list(memory.ZERO_STAGES)}, got {self.zero!r}")
         if self.schedule not in memory.ESTIMATED_SCHEDULES:

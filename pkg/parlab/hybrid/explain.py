@@ -85,8 +85,11 @@ def _time(lay) -> str:
              if v > 0]
     bubble = (f" The bubble fraction is (pp-1)/(m+pp-1) = {lay.bubble_fraction:.3f}."
               if lay.pp > 1 else "")
+    tokens = lay.micro_batch * lay.assumptions.sequence(lay.config)
+    roofline = (f" A micro-batch of {tokens:,} tokens runs the weight products at "
+                f"{100 * lay.efficiency:.0f} % of their compute-bound speed (roofline).")
     return (f"Time: a step takes {_seconds(total)}: " + ", ".join(parts) + "." + bubble
-            + f" The GPUs reach {100 * lay.achieved_mfu:.1f} % of their peak.")
+            + roofline + f" The GPUs reach {100 * lay.achieved_mfu:.1f} % of their peak.")
 
 
 def _runner_up(lay, search) -> str:

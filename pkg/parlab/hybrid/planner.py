@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from parlab import memory
 from parlab.memory import Breakdown
 from parlab.units import format_bytes
-from parlab.models import compute_seconds, count_parameters, flops_seconds, get_config
+from parlab.models import (
+    block_matmul_efficiency, compute_seconds, count_parameters, flops_seconds, get_config
+)
 from parlab.comm import Mesh
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction, split_problem
 from parlab.hybrid.placement import _positive, cluster, group_links, place
@@ -64,6 +66,7 @@ class Layout:
     assumptions: Assumptions
     context: "Search | None" = field(default=None, compare=False, repr=False)
     recompute: str | None = None  # this layout's activation recomputation
+    efficiency: float = 1.0       # roofline share of compute-bound speed at this micro-batch
 
     @property
     def gpus(self) -> int:
@@ -88,7 +91,8 @@ class Layout:
     @property
     def achieved_mfu(self) -> float:
         """Useful FLOPs per step over what the GPUs could do at peak in the step's time."""
-        return self.times["compute"] * self.assumptions.mfu / self.step_time_s
+        return (self.times["compute"] * self.assumptions.mfu * self.efficiency
+                / self.step_time_s)
 
     @property
     def name(self) -> str:
@@ -156,26 +160,35 @@ class Search:
     def ranked(self) -> list[Layout]:
         """The layouts that fit, fastest first.
 
-        Ties (to the microsecond) go to fewer, larger micro-batches, which real GPUs run more
-        efficiently than this model knows, then to fewer pipeline stages.
+        Ties (to the microsecond) go to fewer, larger micro-batches (the roofline model of
+        :mod:`parlab.models.compute` is an upper bound for small ones), then to fewer
+        pipeline stages.
         """
         fitting = [lay for lay in self.layouts if lay.fits]
         return sorted(fitting, key=lambda lay: (round(lay.step_time_s, 6), lay.microbatches,
                                                 lay.pp, lay.tp, lay.recompute is not None))
 
+    def space(self) -> dict[str, int]:
+        """The size of the space searched: ``triples`` (ways to write the GPU count as
+        dp x tp x pp), how many of them were dropped and why (``split``, ``memory``,
+        ``batch``), ``evaluated`` (dp, tp, pp, micro-batches[, recompute]) layouts priced,
+        and how many of those ``fit``."""
+        count = lambda kind: sum(r.kind == kind for r in self.rejected)  # noqa: E731
+        return {"triples": len(self.rejected) + len({(x.dp, x.tp, x.pp) for x in self.layouts}),
+                "split": count("split"), "memory": count("memory"), "batch": count("batch"),
+                "evaluated": len(self.layouts), "fit": len(self.ranked)}
+
     def summary(self) -> str:
         """How the search narrowed the candidates down, in one paragraph."""
-        count = lambda kind: sum(r.kind == kind for r in self.rejected)
-        shape, memory_bound, batch = count("split"), count("memory"), count("batch")
-        triples = len(self.rejected) + len({(x.dp, x.tp, x.pp) for x in self.layouts})
+        n = self.space()
         return (f"{self.config.name} on {self.gpus:,} GPUs of {self.gpu_memory_gb:g} GB: "
-                f"{triples} ways to "
-                f"write {self.gpus} = dp x tp x pp; {shape} cannot split the model (tp must "
+                f"{n['triples']} ways to "
+                f"write {self.gpus} = dp x tp x pp; {n['split']} cannot split the model (tp must "
                 f"divide the heads and d_ff and stay in a server, pp must divide the layers), "
-                f"{memory_bound} do not fit even with one sequence per micro-batch, {batch} "
+                f"{n['memory']} do not fit even with one sequence per micro-batch, {n['batch']} "
                 f"cannot split the batch of {self.assumptions.global_batch}; "
-                f"{len(self.layouts)} (dp, tp, pp, micro-batches) layouts evaluated, "
-                f"{len(self.ranked)} fit.")
+                f"{n['evaluated']} (dp, tp, pp, micro-batches) layouts evaluated, "
+                f"{n['fit']} fit.")
 
     def best_per_degrees(self) -> dict[tuple, Layout]:
         """For each (dp, tp, pp) that fits, its fastest micro-batch count (and recompute)."""
@@ -185,16 +198,25 @@ class Search:
         return best
 
 
+def micro_batch_efficiency(config, b: int, tp: int, a: Assumptions) -> float:
+    """Roofline share of compute-bound speed for micro-batches of ``b`` sequences
+    (:func:`parlab.models.block_matmul_efficiency` on b x seq tokens)."""
+    return block_matmul_efficiency(config, b * a.sequence(config), tp,
+                                   memory.PRECISIONS[a.precision].bytes, a.gpu_tflops,
+                                   a.gpu_tb_per_s)
+
+
 def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_bytes,
            recompute=None) -> dict:
     """Seconds per step, part by part (see :mod:`parlab.hybrid.assumptions` for the model)."""
     seq = a.sequence(config)
     element = memory.PRECISIONS[a.precision].bytes
+    rate = a.mfu * micro_batch_efficiency(config, b, tp, a)
     # one micro-batch through one stage: 1/(tp x pp) of the model's FLOPs for b x seq tokens
     compute = compute_seconds(count_parameters(config)["total"] / (tp * pp), b * seq,
-                              a.gpu_tflops, a.mfu)
+                              a.gpu_tflops, rate)
     extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
-    again = flops_seconds(extra, a.gpu_tflops, a.mfu)
+    again = flops_seconds(extra, a.gpu_tflops, rate)
     activation = b * seq * config.d_model * element                 # what crosses a boundary
     tensor = 0.0
     if tp > 1:
@@ -248,7 +270,7 @@ def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assu
     times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, whole.gradients,
                    recompute)
     return Layout(config, dp, tp, pp, microbatches, b, breakdown, times, links, topology, a,
-                  recompute=recompute)
+                  recompute=recompute, efficiency=micro_batch_efficiency(config, b, tp, a))
 
 
 def _triples(gpus: int):
@@ -309,8 +331,9 @@ def plan(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | N
     175B"``, ``"Llama-3-8B"``), or a Hugging Face ``config.json`` as a dict or a path. The
     cluster is ``topology``, or a rail-optimized one of servers of ``gpus_per_server`` GPUs
     with ``nic_gbps`` NICs. Other keywords are :class:`Assumptions` (global_batch, seq,
-    precision, optimizer, gpu_tflops, mfu, schedule, microbatches, zero, recompute: None,
-    "full", "selective", or a tuple of them such as ``(None, "full")`` to try each). Each
+    precision, optimizer, gpu_tflops, mfu, gpu_tb_per_s, schedule, microbatches, zero,
+    recompute: None, "full", "selective", or a tuple of them such as ``(None, "full")`` to
+    try each). Each
     layout has its degrees, recompute setting, memory and step time, ``placement()`` and
     ``explain()``; empty: nothing fits, :func:`search` says why.
     """

@@ -12,7 +12,8 @@ reads), ``measurement`` (a real training step, counted part by part, to check th
 parameters per tensor-parallel rank, what recomputation drops; :func:`tp_problem`),
 ``recompute`` (activation recomputation: its formulas, a tracker of the bytes alive at any
 moment, and a step measured with and without checkpointed layers), ``energy`` (power, the
-electricity bill, and what a failure costs with and without checkpoints).
+electricity bill, and what a failure costs with and without checkpoints), ``serving`` (the
+weights and key/value cache of a model that only answers, without training state).
 Imports :mod:`parlab.models`.
 """
 
@@ -32,15 +33,19 @@ from parlab.memory.recompute import (
     RecomputeFlops, RecomputeResult, Trace
 )
 from parlab.memory.energy import (
-    expected_waste, failure_cost, RunCost, training_cost, Waste, young_interval
+    expected_waste, failure_cost, rdma_retry_times, RetryTimes, RunCost, training_cost, Waste,
+    young_interval
 )
 from parlab.memory.korthikanti import compare_block, korthikanti_terms
+from parlab.memory.serving import Serving, serving_bytes
 
-__all__ = ["check_optimizer", "PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Breakdown", "Plan",
-           "ModelStates", "estimate", "min_gpus", "model_state_bytes", "activation_bytes",
-           "activations_per_layer", "measure", "RunCost", "Waste", "training_cost",
-           "failure_cost", "expected_waste", "young_interval", "RECOMPUTE", "layer_activations",
+__all__ = ["check_optimizer", "PRECISIONS", "OPTIMIZERS", "ESTIMATED_SCHEDULES", "ZERO_STAGES",
+           "Breakdown", "Plan", "ModelStates", "estimate", "min_gpus", "model_state_bytes",
+           "activation_bytes", "activations_per_layer", "measure", "RunCost", "Waste",
+           "training_cost", "failure_cost", "expected_waste", "young_interval",
+           "rdma_retry_times", "RetryTimes", "RECOMPUTE", "layer_activations",
            "recompute_flops", "RecomputeFlops", "Trace", "live_bytes", "measure_recompute",
            "RecomputeResult", "full_recompute", "default_loss", "module_children",
            "ModuleTrace", "trace_module", "stage_ranges", "block_activations",
-           "korthikanti_terms", "compare_block", "tensor_split_sizes", "tp_problem"]
+           "korthikanti_terms", "compare_block", "tensor_split_sizes", "tp_problem", "Serving",
+           "serving_bytes"]

@@ -3,6 +3,10 @@
 Why this module exists: the chapter insists that the network of a training cluster must not
 lose packets, because a stalled synchronization can force a restart, and it prices a run
 (50,000 GPUs at 350 W for 60 days) to show what a restart from the beginning throws away.
+A *lost packet* does not end a run: the RDMA transport (InfiniBand's reliable connection,
+RoCE) retransmits it, which costs time (:func:`rdma_retry_times`). What ends a run is a
+transfer that never completes, a failed link, NIC, GPU or host: the transport gives up,
+the collective fails or times out, and every rank stops.
 :func:`training_cost` does that arithmetic for any run. :func:`failure_cost` prices one
 failure, and :func:`expected_waste` the failures a long run should expect, with and without
 checkpoints (snapshots of the training state to restart from).
@@ -24,9 +28,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["RunCost", "Waste", "training_cost", "failure_cost", "expected_waste",
-           "young_interval"]
+__all__ = ["RunCost", "Waste", "RetryTimes", "training_cost", "failure_cost", "expected_waste",
+           "young_interval", "rdma_retry_times"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +146,32 @@ def young_interval(mtbf_hours: float, checkpoint_minutes: float) -> float:
     """Young's (1974) near-optimal checkpoint interval sqrt(2 c mtbf), in hours."""
     return math.sqrt(2 * _positive("checkpoint_minutes", checkpoint_minutes) / 60
                      * _positive("mtbf_hours", mtbf_hours))
+
+
+class RetryTimes(NamedTuple):
+    """How long an RDMA queue pair waits for a lost packet, and when it gives up."""
+
+    wait_s: float      # one acknowledgement timeout: at most this much later, it resends
+    give_up_s: float   # no acknowledgement through every retry: the transfer fails
+
+
+def rdma_retry_times(ib_timeout: int = 20, retry_count: int = 7) -> RetryTimes:
+    """An InfiniBand/RoCE reliable connection's timeouts, as NCCL configures them.
+
+    The sender waits 4.096 us x 2**``ib_timeout`` for an acknowledgement before it sends
+    again (a gap the receiver notices is resent sooner, on its negative acknowledgement), and
+    after ``retry_count`` unanswered resends the queue pair fails, which NCCL reports as an
+    error ("transport retry counter exceeded"). The defaults are NCCL's ``NCCL_IB_TIMEOUT``
+    (20 in current releases) and ``NCCL_IB_RETRY_CNT`` (7). So one lost packet costs at most
+    ``wait_s``; a link that stays down fails the transfer after about ``give_up_s``.
+    """
+    if isinstance(ib_timeout, bool) or not isinstance(ib_timeout, int) \
+            or not 1 <= ib_timeout <= 31:
+        raise ValueError(f"ib_timeout must be an integer from 1 to 31 (InfiniBand's 5-bit "
+                         f"exponent; 0 means no timeout), got {ib_timeout!r}")
+    if isinstance(retry_count, bool) or not isinstance(retry_count, int) \
+            or not 0 <= retry_count <= 7:
+        raise ValueError(f"retry_count must be an integer from 0 to 7 (InfiniBand's 3-bit "
+                         f"field), got {retry_count!r}")
+    wait = 4.096e-6 * 2 ** ib_timeout
+    return RetryTimes(wait, (retry_count + 1) * wait)

@@ -6,7 +6,8 @@ attention, SwiGLU, RMSNorm), ``hf`` (Hugging Face ``config.json`` files and publ
 and ``get_config``, ``count_parameters`` and ``build_model``, which take a config of either
 family or its name), ``book_mlp`` (the MLP whose training step keeps the book's names: W,
 z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and parameters live),
-``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares). Imports
+``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares, with the
+roofline share of that speed a micro-batch of n tokens reaches). Imports
 nothing else of parlab.
 """
 
@@ -20,13 +21,15 @@ from parlab.models.hf import (
     SUPPORTED_MODEL_TYPES
 )
 from parlab.models.book_mlp import (
-    ACTIVATIONS, BOOK_NAMES, book_table, BookMLP, held_bytes, LayerRecord, MemoryRow, tensor_bytes
+    ACTIVATIONS, BOOK_NAMES, book_table, BookMLP, bytes_by_scaling, held_bytes, LayerRecord,
+    MemoryRow, SCALES_WITH, tensor_bytes
 )
 from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
 from parlab.models.compute import (
-    FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS, MFU, compute_seconds, flops_seconds,
+    block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS,
+    H100_HBM_TB_PER_S, matmul_efficiency, matmul_rates, MFU, compute_seconds, flops_seconds,
     training_flops
 )
 
@@ -35,7 +38,9 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "GPT3_MEDIUM", "GPT3_LARGE", "GPT3_XL", "GPT3_2_7B", "GPT3_6_7B", "GPT3_13B",
            "GPT3_175B", "TINY", "LlamaConfig", "Llama", "RMSNorm", "from_hf_config", "HF_PRESETS",
            "HF_CONFIGS", "SUPPORTED_MODEL_TYPES", "BookMLP", "LayerRecord", "MemoryRow",
-           "ACTIVATIONS", "BOOK_NAMES", "book_table", "held_bytes", "tensor_bytes", "SmallCNN",
+           "ACTIVATIONS", "BOOK_NAMES", "SCALES_WITH", "book_table", "bytes_by_scaling",
+           "held_bytes", "tensor_bytes", "SmallCNN",
            "LayerProfile", "profile", "share_by_kind", "communication_per_layer",
-           "H100_BF16_TFLOPS", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
-           "compute_seconds", "flops_seconds"]
+           "H100_BF16_TFLOPS", "H100_HBM_TB_PER_S", "MFU", "FLOPS_PER_PARAMETER_TOKEN",
+           "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
+           "block_matmuls", "block_matmul_efficiency", "matmul_rates"]

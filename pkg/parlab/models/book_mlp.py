@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["BookMLP", "LayerRecord", "MemoryRow", "ACTIVATIONS", "BOOK_NAMES", "book_table",
-           "held_bytes", "tensor_bytes"]
+__all__ = ["BookMLP", "LayerRecord", "MemoryRow", "ACTIVATIONS", "BOOK_NAMES", "SCALES_WITH",
+           "book_table", "bytes_by_scaling", "held_bytes", "tensor_bytes"]
 
 #: Activation functions f and their derivative written with z and y = f(z).
 ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
@@ -44,6 +44,16 @@ BOOK_NAMES = {
     "lr": "g) learning rate", "delta_W": "h) weight adjustment ΔW", "delta_b": "h) bias adjustment Δb",
 }
 
+#: What each item's size grows with: the samples of the batch (the data, and z, y, E, one row
+#: per sample), the parameters (W, b and every gradient or adjustment of them: one number per
+#: weight), or nothing (the learning rate, one number per layer). Only W and b are the
+#: model's *parameters*; the book's list calls all of them that.
+SCALES_WITH = {"x": "batch", "target": "batch", "z": "batch", "y": "batch", "E": "batch",
+               "W": "parameters", "b": "parameters", "local_grad_W": "parameters",
+               "local_grad_b": "parameters", "remote_grad_W": "parameters",
+               "remote_grad_b": "parameters", "delta_W": "parameters",
+               "delta_b": "parameters", "lr": "constant"}
+
 
 @dataclass(frozen=True)
 class MemoryRow:
@@ -55,6 +65,7 @@ class MemoryRow:
     dtype: str
     nbytes: int
     note: str = ""
+    key: str = ""    # the field it comes from: "x", "target", or a LayerRecord field ("W", ...)
 
 
 @dataclass
@@ -196,24 +207,27 @@ class BookMLP:
     def memory_rows(self) -> list[MemoryRow]:
         """Every tensor the step keeps, as Figure 8-1 names it, with its shape, dtype and bytes.
 
-        A storage that two items share (the linear output layer's y *is* its z) is counted on
-        its first row only, so the rows add up to :func:`held_bytes` of this object.
+        Each row counts the tensor's own elements (:func:`tensor_bytes`), so a view such as
+        ``x[:4]`` costs what its 4 rows cost, not its whole storage. A tensor that two items
+        share (the linear output layer's y *is* its z) is counted on its first row only.
         """
-        entries = [("input", "training data x", self.x), ("input", "targets", self.target)]
+        entries = [("input", "training data x", "x", self.x),
+                   ("input", "targets", "target", self.target)]
         for i, layer in enumerate(self.layers, start=1):
-            entries += [(f"layer {i}", BOOK_NAMES[name], t) for name, t in layer.items()]
+            entries += [(f"layer {i}", BOOK_NAMES[name], name, t) for name, t in layer.items()]
         rows, owner = [], {}
-        for where, item, t in entries:
+        for where, item, key, t in entries:
             if t is None:
                 note = "absent (no peers)" if item.startswith("f)") else "not computed yet"
-                rows.append(MemoryRow(where, item, None, "-", 0, note))
+                rows.append(MemoryRow(where, item, None, "-", 0, note, key))
                 continue
-            ptr = t.untyped_storage().data_ptr()
-            first = owner.setdefault(ptr, f"{where} {item}")
+            same = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                    t.stride())
+            first = owner.setdefault(same, f"{where} {item}")
             shared = first != f"{where} {item}"
             rows.append(MemoryRow(where, item, tuple(t.shape), str(t.dtype).replace("torch.", ""),
                                   0 if shared else tensor_bytes(t),
-                                  f"same memory as {first}" if shared else ""))
+                                  f"same memory as {first}" if shared else "", key))
         return rows
 
     def to_torch(self, dtype: torch.dtype | None = None) -> nn.Sequential:
@@ -233,15 +247,20 @@ class BookMLP:
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of the storage behind ``t`` (a view costs what its whole storage costs)."""
-    return t.untyped_storage().nbytes()
+    """Bytes of ``t``'s own elements: numel x element size.
+
+    A view counts only what it shows: ``x[:4]`` of an (8, 4) float32 ``x`` is 64 bytes, not the
+    128 of the storage it shares with ``x`` (:func:`held_bytes` counts storages).
+    """
+    return t.numel() * t.element_size()
 
 
 def held_bytes(obj) -> int:
     """Bytes of every distinct tensor storage reachable from ``obj`` (attributes, lists, dicts).
 
     This walks the object, not a table about it, so it is an independent count of what the
-    code actually holds; storages shared by several tensors count once.
+    code actually keeps in memory; storages shared by several tensors count once, and a view
+    keeps its whole storage alive, so it counts the whole storage.
     """
     storages: dict[int, int] = {}
     seen: set[int] = set()
@@ -251,7 +270,7 @@ def held_bytes(obj) -> int:
             return
         seen.add(id(o))
         if isinstance(o, torch.Tensor):
-            storages[o.untyped_storage().data_ptr()] = tensor_bytes(o)
+            storages[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
         elif isinstance(o, dict):
             for v in o.values():
                 walk(v)
@@ -281,3 +300,13 @@ def book_table(mlp: BookMLP) -> str:
     total = sum(r.nbytes for r in rows)
     return "\n".join([line(head)] + [line(c) for c in cells]
                      + [line(("total", "", "", "", str(total), ""))])
+
+
+def bytes_by_scaling(mlp: BookMLP) -> dict[str, int]:
+    """The table's bytes grouped by what they grow with (:data:`SCALES_WITH`): ``{"batch": ...,
+    "parameters": ..., "constant": ...}``. Halving the batch halves the first; a peer's remote
+    gradients add to the second."""
+    out = dict.fromkeys(("batch", "parameters", "constant"), 0)
+    for row in mlp.memory_rows():
+        out[SCALES_WITH[row.key]] += row.nbytes
+    return out

@@ -8,15 +8,37 @@ chapter's sequence lengths, are left out, as in Kaplan et al. (2020).
 A GPU does them at a share of its peak: ``MFU`` (model FLOPs utilization), 0.4 here, about
 what large training runs report on H100s. Chapter 02's scaling figure and chapter 05's
 planner both take their compute time from :func:`compute_seconds`.
+
+**Small micro-batches run slower.** The 0.4 holds for matrix products large enough to keep
+the GPU's arithmetic busy. A linear layer multiplies the micro-batch's ``n`` tokens (an
+``n x k`` matrix) by a ``k x m`` weight: ``2 n k m`` FLOPs for ``(n k + k m + n m)`` elements
+read or written. With few tokens the weight is read for little arithmetic and the product
+waits on memory. :func:`matmul_efficiency` is the *roofline* model of this (Williams,
+Waterman and Patterson, "Roofline", CACM 2009): a product runs at the compute-bound speed
+when its arithmetic intensity (FLOPs per byte moved) is at least the GPU's ridge point,
+peak FLOP/s over memory bandwidth (H100 SXM, NVIDIA's datasheet: 989 TFLOP/s dense bf16
+and 3.35 TB/s of HBM3, 295 FLOPs per byte), and at intensity / ridge of it below. The curve
+rises with the micro-batch and saturates at 1; :func:`block_matmul_efficiency` weighs it
+over the weight matrices one tensor-parallel rank multiplies in a transformer block. It is
+an upper bound: near the ridge real kernels lose more (tiles that do not fill the GPU, kernel
+launches), so it understates what small micro-batches cost, never overstates it. Chapter 05
+measures the same shape with ``torch.matmul`` on the CPU.
 """
 
 from __future__ import annotations
 
-__all__ = ["H100_BF16_TFLOPS", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
-           "compute_seconds", "flops_seconds"]
+import math
+
+from parlab.models.llama import LlamaConfig
+
+__all__ = ["H100_BF16_TFLOPS", "H100_HBM_TB_PER_S", "MFU", "FLOPS_PER_PARAMETER_TOKEN",
+           "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
+           "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
 
 #: NVIDIA's dense bf16 peak of an H100 SXM, TFLOP/s.
 H100_BF16_TFLOPS = 989.0
+#: NVIDIA's HBM3 bandwidth of an H100 SXM, TB/s.
+H100_HBM_TB_PER_S = 3.35
 #: The share of peak a GPU sustains in a training step's matrix multiplications.
 MFU = 0.4
 #: Forward (2) plus backward (4) FLOPs per parameter per token.
@@ -40,3 +62,96 @@ def flops_seconds(flops: float, tflops: float = H100_BF16_TFLOPS, mfu: float = M
     if not tflops > 0 or not 0 < mfu <= 1:
         raise ValueError(f"tflops must be positive and mfu in (0, 1], got {tflops!r} and {mfu!r}")
     return flops / (tflops * 1e12 * mfu)
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def matmul_efficiency(tokens: int, k: int, m: int, element_bytes: int = 2,
+                      tflops: float = H100_BF16_TFLOPS,
+                      tb_per_s: float = H100_HBM_TB_PER_S) -> float:
+    """Roofline share of the compute-bound speed for a ``(tokens x k) @ (k x m)`` product.
+
+    ``min(1, intensity / ridge)``: intensity = 2 tokens k m FLOPs over ``element_bytes`` x
+    (tokens k + k m + tokens m) bytes, ridge = ``tflops / tb_per_s`` FLOPs per byte. The
+    backward pass's two products (input and weight gradients) have the same intensity.
+    ``tb_per_s=math.inf`` switches the effect off (every product compute-bound).
+    """
+    for name, value in (("tokens", tokens), ("k", k), ("m", m), ("element_bytes", element_bytes),
+                        ("tflops", tflops), ("tb_per_s", tb_per_s)):
+        _positive(name, value)
+    if math.isinf(tb_per_s):
+        return 1.0
+    intensity = 2 * tokens * k * m / (element_bytes * (tokens * k + k * m + tokens * m))
+    return min(1.0, intensity / (tflops / tb_per_s))
+
+
+def block_matmuls(config, tp: int = 1) -> list[tuple[int, int]]:
+    """(k, m) of every weight product one of ``tp`` tensor-parallel ranks runs in a block.
+
+    Fused as Megatron-LM fuses them: Q, K and V in one product (GPT: d x 3d/tp; Llama:
+    d x (heads + 2 key/value heads) d_head/tp), the output projection (d/tp x d), the first
+    feed-forward product (d x d_ff/tp; Llama's SwiGLU gate and up together, d x 2 d_ff/tp)
+    and the second (d_ff/tp x d): column-parallel, then row-parallel.
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    d, ff, heads = config.d_model, config.d_ff, config.n_heads
+    llama = isinstance(config, LlamaConfig)
+    kv = config.n_kv_heads if llama else heads
+    for name, n in (("heads", heads), ("key/value heads", kv), ("d_ff", ff)):
+        if n % tp:
+            raise ValueError(f"tp={tp} does not divide {config.name}'s {n} {name}")
+    d_head = d // heads
+    gated = 2 if llama else 1
+    return [(d, (heads + 2 * kv) * d_head // tp), (heads * d_head // tp, d),
+            (d, gated * ff // tp), (ff // tp, d)]
+
+
+def block_matmul_efficiency(config, tokens: int, tp: int = 1, element_bytes: int = 2,
+                            tflops: float = H100_BF16_TFLOPS,
+                            tb_per_s: float = H100_HBM_TB_PER_S) -> float:
+    """:func:`matmul_efficiency` over a block's products, weighted by their FLOPs.
+
+    Compute-bound time over roofline time, summed over :func:`block_matmuls`: what one
+    micro-batch of ``tokens`` tokens (sequences x length) gets of the compute-bound speed.
+    """
+    mats = block_matmuls(config, tp)
+    flops = [k * m for k, m in mats]    # x 2 x tokens, the same for all: it cancels
+    slowdown = [f / matmul_efficiency(tokens, k, m, element_bytes, tflops, tb_per_s)
+                for f, (k, m) in zip(flops, mats)]
+    return sum(flops) / sum(slowdown)
+
+
+def matmul_rates(tokens=(1, 4, 16, 64, 256, 512), k: int = 4096, m: int = 4096,
+                 repeats: int = 2, dtype=None) -> list[tuple[int, float]]:
+    """``(tokens, GFLOP/s)`` of ``torch.matmul`` on this machine's CPU for ``(tokens x k) @
+    (k x m)``: the shape of the roofline, measured (best of ``repeats`` rounds after a warm-up;
+    machine-dependent, and noisy on a busy machine). The default weight, 64 MB in fp32, is
+    larger than a CPU's caches, so a few tokens wait on memory as on a GPU."""
+    import time
+
+    import torch
+
+    for name, value in (("k", k), ("m", m), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    weight = torch.randn(k, m, dtype=dtype or torch.float32)
+    rates = []
+    for n in tokens:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"tokens must be positive integers, got {n!r}")
+        x = torch.randn(n, k, dtype=weight.dtype)
+        flops = 2 * n * k * m
+        calls = max(1, 2 ** 27 // flops)        # about 0.1 GFLOP per timed round at least
+        best = math.inf
+        for _ in range(repeats + 1):            # the first round warms up
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.matmul(x, weight)
+            best = min(best, (time.perf_counter() - start) / calls)
+        rates.append((n, flops / best / 1e9))
+    return rates

@@ -42,7 +42,9 @@ def figure_8_1_step(sizes=(4, 5, 5, 2), batch: int = 8, seed: int = 0,
     peer = BookMLP(sizes, seed=seed)
     peer.forward(x[half:])
     peer.backward(target[half:])
-    mlp.step(x[:half], target[:half], exchange=lambda local: peer.local_grads(), world_size=2)
+    # A1's own copy of its half, as on its own GPU (a view would keep A2's half alive too)
+    mlp.step(x[:half].clone(), target[:half].clone(), exchange=lambda local: peer.local_grads(),
+             world_size=2)
     return mlp
 
 

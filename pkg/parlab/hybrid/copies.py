@@ -1,0 +1,82 @@
+"""How many GPUs one copy of a model needs: why chapter 01 says 64 for GPT-3 and chapter 05 128.
+
+Why this module exists: chapter 01's :func:`parlab.memory.min_gpus` fits GPT-3 175B on 64
+GPUs; chapter 05's planner finds nothing under 128 GPUs per model copy. Both are right under
+their own assumptions, and :func:`copy_sizes` lines the two up, changing one assumption at a
+time:
+
+1. chapter 01's job: a batch of 8 sequences as *one* micro-batch, the fewest GPUs;
+2. chapter 05's step (1,536 sequences in micro-batches of one) on that same split: 1F1B keeps
+   pp micro-batches in flight on the first stage, so its activations grow, and it no longer
+   fits, though its pipeline idles far less;
+3. the fewest GPUs for chapter 05's step, any stage count (stages may hold unequal numbers of
+   layers);
+4. the same with full activation recomputation (chapter 06);
+5. the narrowest copy chapter 05's planner accepts, where copies must divide the cluster and
+   stages hold equal numbers of layers.
+
+Every row is computed by :func:`parlab.memory.min_gpus`, :func:`parlab.memory.estimate` or
+:func:`parlab.hybrid.plan`; nothing is typed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parlab import memory
+from parlab.hybrid.assumptions import bubble_fraction
+from parlab.hybrid.planner import plan
+from parlab.models import get_config
+
+__all__ = ["CopySize", "copy_sizes"]
+
+
+@dataclass(frozen=True)
+class CopySize:
+    """One way to size a model copy: its split, what the busiest GPU holds, its bubble."""
+
+    label: str
+    tp: int
+    pp: int
+    microbatches: int
+    micro_batch: int          # sequences per micro-batch
+    memory: memory.Breakdown
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per model copy."""
+        return self.tp * self.pp
+
+    @property
+    def bubble(self) -> float:
+        return bubble_fraction(self.pp, self.microbatches)
+
+    def row(self) -> str:
+        return (f"{self.label:<58}{self.gpus:>5}  tp {self.tp} x pp {self.pp:<3}"
+                f"{self.memory.total / 1e9:>7.1f} GB  {'fits' if self.memory.fits else 'no':<5}"
+                f"{self.bubble:>7.1%}")
+
+
+def copy_sizes(model="GPT-3 175B", small_batch: int = 8, global_batch: int = 1536,
+               gpus: int = 1024, gpu_memory_gb: float = 80) -> list[CopySize]:
+    """The five rows of the module docstring, for ``model`` in bf16 with Adam."""
+    config = get_config(model)
+    seq = config.context
+    job = dict(optimizer="adam", precision="bf16", gpu_memory_gb=gpu_memory_gb)
+    few = memory.min_gpus(config, (small_batch, seq), microbatches=1, **job)
+    rows = [CopySize(f"{small_batch} sequences as one micro-batch (chapter 01)", few.tp, few.pp,
+                     1, small_batch, few.breakdown)]
+    step = (global_batch, seq)
+    same = memory.estimate(config, step, tp=few.tp, pp=few.pp, microbatches=global_batch, **job)
+    rows.append(CopySize(f"{global_batch:,} sequences, micro-batches of 1, same split",
+                         few.tp, few.pp, global_batch, 1, same))
+    for recompute, label in ((None, "fewest GPUs for that step, any stage count"),
+                             ("full", "the same with full recomputation")):
+        p = memory.min_gpus(config, step, microbatches=global_batch, recompute=recompute, **job)
+        rows.append(CopySize(label, p.tp, p.pp, global_batch, 1, p.breakdown))
+    layouts = plan(config, gpus, gpu_memory_gb, global_batch=global_batch)
+    if layouts:
+        narrow = min(layouts, key=lambda lay: (lay.tp * lay.pp, lay.step_time_s))
+        rows.append(CopySize(f"chapter 05's planner, {gpus:,} GPUs: narrowest copy", narrow.tp,
+                             narrow.pp, narrow.microbatches, narrow.micro_batch, narrow.memory))
+    return rows

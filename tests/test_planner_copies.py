@@ -1,0 +1,21 @@
+"""Chapter 01 says 64 GPUs for GPT-3, chapter 05 128 per model copy: one assumption at a time."""
+from parlab import memory
+from parlab.hybrid import copy_sizes
+from parlab.models import GPT3_175B
+
+
+def test_both_counts_hold_under_their_own_assumptions():
+    few, same, fewest, recomputed, planner = copy_sizes("GPT-3 175B")
+    assert (few.gpus, few.memory.fits) == (64, True)
+    assert few.bubble > 0.9                       # one micro-batch: the pipeline mostly idles
+    assert (same.tp, same.pp) == (few.tp, few.pp) and not same.memory.fits
+    assert same.bubble < 0.05
+    # 1F1B keeps pp micro-batches on the first stage: pp times one micro-batch's activations
+    one = memory.estimate(GPT3_175B, (1, 2048), "adam", "bf16", tp=same.tp, pp=same.pp,
+                          microbatches=1).activations
+    assert same.memory.activations == same.pp * one
+    assert few.gpus < fewest.gpus < planner.gpus == 128
+    assert 1024 % fewest.gpus or 96 % fewest.pp   # the planner cannot use that copy size
+    assert recomputed.gpus < fewest.gpus and recomputed.memory.fits
+    assert planner.memory.fits and 1024 % planner.gpus == 0 and 96 % planner.pp == 0
+    assert all(r.label in r.row() for r in (few, same, fewest, recomputed, planner))
