@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import math
 
-from parlab.exercises.registry import exercise, right, wrong
+from parlab.exercises.registry import close, exercise, right, wrong
 
-
-def _close(answer, expected, rel=0.01) -> bool:
-    return math.isclose(float(answer), expected, rel_tol=rel)
 
 
 @exercise("01.1", "GPU A1 trains the (4, 5, 5, 2) network on its own half (4 samples) of the "
@@ -87,15 +84,15 @@ def _lost_packet(answer):
     times = rdma_retry_times()
     expected = run.usd_per_hour * times.wait_s / 3600
     value = float(answer)
-    if _close(value, expected, rel=0.03):
+    if close(value, expected, rel=0.03):
         return right("A few dollars: a lost packet costs time, not the run. What costs the "
                      "run is a transfer that never completes.")
-    if _close(value, run.usd_per_hour * times.give_up_s / 3600, rel=0.03):
+    if close(value, run.usd_per_hour * times.give_up_s / 3600, rel=0.03):
         return wrong("That is the wait until the transport gives up after every retry. One "
                      "lost packet is resent after the first timeout.")
-    if _close(value, run.power_mw * 1000 * times.wait_s / 3600, rel=0.03):
+    if close(value, run.power_mw * 1000 * times.wait_s / 3600, rel=0.03):
         return wrong("That is the energy in kWh. Multiply by the price per kWh.")
-    if _close(value, run.usd_per_hour, rel=0.03):
+    if close(value, run.usd_per_hour, rel=0.03):
         return wrong("That is an hour of the run. How long is the wait, in hours?")
     return wrong("Work out the wait in seconds, the power of the whole cluster in kW, the "
                  "energy of the wait in kWh, and its price.")
@@ -107,12 +104,12 @@ def _young(answer):
     from parlab.memory import young_interval
     expected = young_interval(mtbf_hours=4, checkpoint_minutes=6)
     value = float(answer)
-    if _close(value, expected, rel=0.03):
+    if close(value, expected, rel=0.03):
         return right("sqrt(2 x checkpoint time x MTBF): checkpoint too often and the writes "
                      "cost time, too rarely and each failure throws away more work.")
-    if _close(value, expected * 60, rel=0.03):
+    if close(value, expected * 60, rel=0.03):
         return wrong("The answer is asked in hours, not minutes.")
-    if _close(value, math.sqrt(2 * 6 * 4), rel=0.03):
+    if close(value, math.sqrt(2 * 6 * 4), rel=0.03):
         return wrong("Put both times in the same unit before you multiply them.")
     return wrong("Young's rule is sqrt(2 x time to write a checkpoint x mean time between "
                  "failures), with both times in hours.")

@@ -6,13 +6,9 @@ notebook uses), and a wrong answer gets the reason it is wrong, never the number
 
 from __future__ import annotations
 
-import math
 
-from parlab.exercises.registry import exercise, right, wrong
+from parlab.exercises.registry import close, exercise, right, wrong
 
-
-def _close(answer, expected, rel=0.01) -> bool:
-    return math.isclose(float(answer), expected, rel_tol=rel)
 
 
 @exercise("02.1", "Four ranks each hold 8 samples of a 32-sample batch and each computes the "
@@ -42,17 +38,17 @@ def _ring_bytes(answer):
     n, gradient_gb = 8, 1.2
     expected = 2 * (n - 1) / n * gradient_gb
     value = float(answer)
-    if _close(value, expected):
+    if close(value, expected):
         return right("The ring sends almost the whole gradient twice: once while reducing "
                      "(reduce-scatter), once while sharing (all-gather), each time all but "
                      "one of the N chunks.")
-    if _close(value, gradient_gb) or _close(value, (n - 1) / n * gradient_gb):
+    if close(value, gradient_gb) or close(value, (n - 1) / n * gradient_gb):
         return wrong("That is one pass around the ring. An all-reduce needs a reducing pass "
                      "and a sharing pass.")
-    if _close(value, (n - 1) * gradient_gb) or _close(value, 2 * (n - 1) * gradient_gb):
+    if close(value, (n - 1) * gradient_gb) or close(value, 2 * (n - 1) * gradient_gb):
         return wrong("That is what the root of the naive algorithm sends. In a ring each "
                      "rank forwards chunks of 1/N of the gradient.")
-    if _close(value, 2 * gradient_gb):
+    if close(value, 2 * gradient_gb):
         return wrong("Close: count the chunks a rank sends in each pass; there are N chunks "
                      "and N-1 steps per pass.")
     return wrong("Cut the gradient into N chunks; count the chunks one rank sends in the "

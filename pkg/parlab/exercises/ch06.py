@@ -7,15 +7,11 @@ or from a real run on the toy backend; a wrong answer gets a hint, never the num
 
 from __future__ import annotations
 
-import math
 
-from parlab.exercises.registry import exercise, right, wrong
+from parlab.exercises.registry import close, exercise, right, wrong
 from parlab.memory import model_state_bytes
 from parlab.sharded import zero_bytes_per_rank
 
-
-def _close(answer, expected, rel=0.02) -> bool:
-    return math.isclose(float(answer), expected, rel_tol=rel)
 
 
 @exercise("06.1", "A model of 7.5 billion parameters trains with bf16 mixed precision and Adam "
@@ -25,15 +21,15 @@ def _stage_2_memory(answer):
     psi, n = 7_500_000_000, 64
     value = float(answer)
     by_stage = {k: model_state_bytes(psi, "adam", "bf16", n, k).total / 1e9 for k in range(4)}
-    if _close(value, by_stage[2]):
+    if close(value, by_stage[2], rel=0.02):
         return right("The 2-byte parameters stay whole on every GPU; the gradients and the "
                      "12 bytes of optimizer state per parameter are split 64 ways.")
-    if _close(value, by_stage[0]):
+    if close(value, by_stage[0], rel=0.02):
         return wrong("That is plain data parallelism: every GPU keeps everything. Which parts "
                      "does stage 2 split over the 64 GPUs?")
-    if _close(value, by_stage[1]):
+    if close(value, by_stage[1], rel=0.02):
         return wrong("That splits only the optimizer state. Stage 2 splits one part more.")
-    if _close(value, by_stage[3]):
+    if close(value, by_stage[3], rel=0.02):
         return wrong("That splits the parameters too, which is stage 3.")
     return wrong("Count bytes per parameter: 2 for bf16 weights, 2 for their gradients, and "
                  "K for the fp32 master copy and Adam's two moments. Then divide only the "
@@ -46,13 +42,13 @@ def _stage_3_traffic(answer):
     n = 4
     expected = zero_bytes_per_rank(1.0, n, 3)
     value = float(answer)
-    if _close(value, expected):
+    if close(value, expected, rel=0.02):
         return right("Two all-gathers and one reduce-scatter, each sending (N-1)/N of P: half "
                      "as much again as plain data parallelism's all-reduce.")
-    if _close(value, zero_bytes_per_rank(1.0, n, 0)):
+    if close(value, zero_bytes_per_rank(1.0, n, 0), rel=0.02):
         return wrong("That is an all-reduce's traffic (stages 0 to 2). Stage 3 also frees the "
                      "parameters: when must they come back?")
-    if _close(value, 3.0) or _close(value, 2.0):
+    if close(value, 3.0, rel=0.02) or close(value, 2.0, rel=0.02):
         return wrong("In a ring collective a rank does not send its whole tensor: it sends "
                      "all but its own 1/N of it.")
     return wrong("List the collectives of one step (before forward, before backward, after "
@@ -129,11 +125,11 @@ def _recompute_factor(answer):
     forward, backward = 2, 4
     expected = (2 * forward + backward) / (forward + backward)
     value = float(answer)
-    if _close(value, expected, rel=0.01):
+    if close(value, expected, rel=0.01):
         return right("One more forward on top of forward and backward: a third more compute, "
                      "paid to keep only each layer's input instead of all it saves.")
-    if _close(value, 2.0):
+    if close(value, 2.0, rel=0.02):
         return wrong("Recomputation repeats the forward pass only, not the backward pass.")
-    if _close(value, expected - 1, rel=0.01):
+    if close(value, expected - 1, rel=0.01):
         return wrong("That is the extra share; the question asks for the factor on the total.")
     return wrong("Add one forward pass to a step of forward plus backward, and compare.")

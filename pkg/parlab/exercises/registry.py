@@ -7,10 +7,12 @@ every chapter's module, so its ``check`` knows every exercise.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["check", "exercise", "Verdict", "right", "wrong", "list_exercises"]
+__all__ = ["check", "exercise", "Verdict", "right", "wrong", "close", "list_exercises"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,11 @@ class _Exercise:
 
 
 _REGISTRY: dict[str, _Exercise] = {}
+
+
+def close(answer, expected: float, rel: float = 0.01) -> bool:
+    """Whether a numeric answer is within ``rel`` (relative) of the expected value."""
+    return math.isclose(float(answer), expected, rel_tol=rel)
 
 
 def right(why: str = "") -> tuple[bool, str]:

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parlab.models.transformer import next_token_loss
+
 __all__ = ["LlamaConfig", "Llama", "RMSNorm", "count_llama_parameters", "build_llama",
            "rotary_cos_sin", "apply_rotary"]
 
@@ -258,8 +260,7 @@ class Llama(nn.Module):
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy."""
-        logits = self(idx)
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        return next_token_loss(self(idx), targets)
 
 
 def build_llama(config: LlamaConfig, seed: int | None = 0, dtype: torch.dtype = torch.float32,

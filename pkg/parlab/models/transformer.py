@@ -178,6 +178,11 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits (..., vocab) against token ids of the same leading shape."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
 class Block(nn.Module):
     """Pre-norm decoder block: x + attn(ln1(x)), then + mlp(ln2(.))."""
 
@@ -219,8 +224,7 @@ class GPT(nn.Module):
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy."""
-        logits = self(idx)
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        return next_token_loss(self(idx), targets)
 
 
 def build_gpt(config: TransformerConfig, seed: int | None = 0,

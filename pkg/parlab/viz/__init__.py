@@ -2,9 +2,8 @@
 
 ``style`` (one colour per GPU and rank; ``show`` a figure once), ``registry`` (every figure
 under the book's numbering), ``explorer`` (the widget pattern), ``glue`` (numbers for the
-prose), ``plots`` (one module of
-figures per chapter), ``widgets`` (one module of explorers per chapter). Imports any
-subpackage below it; nothing below imports it.
+prose), ``plots`` (one module of figures per chapter), ``widgets`` (one module of explorers
+per chapter). Imports any subpackage below it; nothing below imports it.
 """
 
 from parlab.viz.style import GPU_COLORS, rank_color, show
