@@ -292,10 +292,11 @@ print(plan)
 print(plan.breakdown.table())
 
 # %% [markdown]
-# ### 64 GPUs here, 128 per model copy in chapter 05
+# ### Why chapter 05 needs more GPUs per model copy
 #
-# Chapter 05's planner puts GPT-3 on 1,024 GPUs and finds nothing with fewer than 128 GPUs
-# per copy of the model. Both numbers are right; they answer different questions. The
+# The search above fits GPT-3 on <span data-glue="copy_few">64</span> GPUs. Chapter 05's
+# planner puts GPT-3 on 1,024 GPUs and finds nothing with fewer than
+# <span data-glue="copy_planner">128</span> GPUs per copy of the model. Both numbers are right; they answer different questions. The
 # search above trains 8 sequences as a single micro-batch: only one micro-batch is ever in
 # the pipeline, so the first stage keeps the activations of one, but all but one stage wait
 # at any moment. A real step of GPT-3 trains 1,536 sequences and cuts them into many
@@ -310,6 +311,8 @@ sizes = copy_sizes("GPT-3 175B")
 print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
 for row in sizes:
     print(row.row())
+glue("copy_few", sizes[0].gpus)
+glue("copy_planner", sizes[4].gpus)
 glue("copy_same_split_gb", sizes[1].memory.total / 1e9, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 _ = glue("copy_recompute", sizes[3].gpus)

@@ -31,8 +31,8 @@
 #    computes;
 # 3. let a planner choose the layout of GPT-3 175B on 1,024 GPUs of 80 GB: every way to write
 #    1,024 = data x tensor x pipeline, its memory per GPU, its time per step, and where each
-#    rank sits on a rail-optimized cluster; see why chapter 01 fits GPT-3 on 64 GPUs and the
-#    planner on no fewer than 128 per copy; what small micro-batches cost a GPU (the
+#    rank sits on a rail-optimized cluster; see why chapter 01 and the planner disagree
+#    on how many GPUs one copy of GPT-3 needs; what small micro-batches cost a GPU (the
 #    roofline); placement as a search problem (the slides' reinforcement-learning placer);
 #    what larger batches buy and what they may cost in accuracy; then plan Llama-3-8B, or
 #    your own `config.json`, with activation recomputation on and off;
@@ -211,10 +211,10 @@ for r in found.rejected:
 # The closest misses (faded in the figure above) pass the memory floor and still end just
 # over the line once the micro-batches in flight are counted.
 #
-# ### Chapter 01 said 64 GPUs
+# ### Chapter 01's smaller count
 #
-# Chapter 01 fits GPT-3 175B on 64 GPUs; here nothing with fewer than 128 GPUs per model
-# copy fits. Both are right under their own assumptions. Chapter 01 trains 8 sequences as a
+# Chapter 01 fits GPT-3 175B on <span data-glue="copy_few">64</span> GPUs; here nothing with
+# fewer than <span data-glue="copy_planner">128</span> GPUs per model copy fits. Both are right under their own assumptions. Chapter 01 trains 8 sequences as a
 # single micro-batch, so the first stage holds one micro-batch's activations while all but
 # one stage wait. This step trains 1,536 sequences in micro-batches of one; 1F1B keeps pp of
 # them on the first stage. `copy_sizes` changes one assumption at a time:
