@@ -195,10 +195,15 @@ counts = count_parameters(GPT3_175B)
 for part in ("attention", "feed_forward", "layer_norms", "block", "blocks", "token_embedding",
              "position_embedding", "final_norm", "total"):
     print(f"{part:<20}{counts[part]:>18,}")
+glue("gpt3_attention_m", counts["attention"] / 1e6, ".0f")
+glue("gpt3_blocks_b", counts["blocks"] / 1e9, ".0f")
+_ = glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
 
 # %% [markdown]
-# The book's 605 M is 604 M rounded up, and its "about 173 billion" for 96 blocks comes
-# out nearer 174 billion; the total lands at 174.6 billion, "about 175 billion".
+# The book's 605 M is <span data-glue="gpt3_attention_m">604</span> M rounded up, and its
+# "about 173 billion" for 96 blocks comes out nearer
+# <span data-glue="gpt3_blocks_b">174</span> billion; the total lands at
+# <span data-glue="gpt3_total_b">174.6</span> billion, "about 175 billion".
 #
 # The same formula describes a real PyTorch model. `build_model` makes a GPT-style decoder
 # from any configuration, and for a tiny one the formula and the module agree to the last
@@ -215,15 +220,20 @@ print("formula:", count_parameters(TINY)["total"], " module:",
 #
 # Besides the weights, training keeps their **gradients**, the optimizer's **state** (none
 # for SGD, one buffer for momentum, two for Adam), in mixed precision an **fp32 master copy**
-# of the weights, and the **activations** that the backward pass will need. Per parameter:
-#
-# | precision, optimizer | weights | gradients | master | optimizer | bytes |
-# | --- | --- | --- | --- | --- | --- |
-# | fp32, SGD | 4 | 4 | – | 0 | 8 |
-# | fp32, Adam | 4 | 4 | – | 8 | 16 |
-# | bf16/fp16 mixed, Adam | 2 | 2 | 4 | 8 | 16 |
-#
-# Activations grow with the batch and the sequence length (and with its square inside
+# of the weights, and the **activations** that the backward pass will need. Bytes per
+# parameter, from `memory.model_state_bytes` for one parameter:
+
+# %%
+print(f"{'precision, optimizer':<22}{'weights':>8}{'gradients':>10}{'master':>7}"
+      f"{'optimizer':>10}{'bytes':>6}")
+for precision, optimizer in (("fp32", "sgd"), ("fp32", "adam"), ("bf16", "adam")):
+    states = memory.model_state_bytes(1, optimizer, precision)
+    print(f"{precision + ', ' + optimizer:<22}{states.parameters:>8}{states.gradients:>10}"
+          f"{states.master_weights:>7}{states.optimizer_state:>10}{states.total:>6}")
+_ = glue("bf16_adam_bytes", memory.model_state_bytes(1, "adam", "bf16").total)
+
+# %% [markdown]
+# (fp16 mixed precision keeps the same bytes as bf16.) Activations grow with the batch and the sequence length (and with its square inside
 # attention). `memory.estimate` adds all of it up for one GPU:
 
 # %%
@@ -295,11 +305,11 @@ print(plan.breakdown.table())
 # ### Why chapter 05 needs more GPUs per model copy
 #
 # The search above fits GPT-3 on <span data-glue="copy_few">64</span> GPUs. Chapter 05's
-# planner puts GPT-3 on 1,024 GPUs and finds nothing with fewer than
+# planner puts GPT-3 on <span data-glue="copy_cluster">1,024</span> GPUs and finds nothing with fewer than
 # <span data-glue="copy_planner">128</span> GPUs per copy of the model. Both numbers are right; they answer different questions. The
 # search above trains 8 sequences as a single micro-batch: only one micro-batch is ever in
 # the pipeline, so the first stage keeps the activations of one, but all but one stage wait
-# at any moment. A real step of GPT-3 trains 1,536 sequences and cuts them into many
+# at any moment. A real step of GPT-3 trains <span data-glue="copy_batch">1,536</span> sequences and cuts them into many
 # micro-batches so that the stages work at once; under 1F1B (chapter 03) the first stage then
 # keeps as many micro-batches as there are stages. `parlab.hybrid.copy_sizes` changes one
 # assumption at a time:
@@ -307,24 +317,27 @@ print(plan.breakdown.table())
 # %%
 from parlab.hybrid import copy_sizes
 
-sizes = copy_sizes("GPT-3 175B")
+sizes = copy_sizes("GPT-3 175B", global_batch=1536, gpus=1024)
 print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
 for row in sizes:
     print(row.row())
 glue("copy_few", sizes[0].gpus)
+glue("copy_cluster", 1024, ",")
+glue("copy_batch", 1536, ",")
 glue("copy_planner", sizes[4].gpus)
 glue("copy_same_split_gb", sizes[1].memory.total / 1e9, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 _ = glue("copy_recompute", sizes[3].gpus)
 
 # %% [markdown]
-# The 64-GPU split holds chapter 05's step only with a pipeline that idles almost all the
+# The <span data-glue="copy_few">64</span>-GPU split holds chapter 05's step only with a pipeline that idles almost all the
 # time; given that step, it needs <span data-glue="copy_same_split_gb">136</span> GB per GPU.
 # Sized for that step, a copy needs <span data-glue="copy_fewest">72</span> GPUs, or
 # <span data-glue="copy_recompute">40</span> if every block recomputes its activations in the
 # backward pass (chapter 06). The planner adds two rules of its own: every stage holds the
-# same number of layers, and the GPUs per copy divide the 1,024 of the cluster. The first
-# copy size that meets both and fits is the planner's 128.
+# same number of layers, and the GPUs per copy divide the
+# <span data-glue="copy_cluster">1,024</span> of the cluster. The first copy size that meets
+# both and fits is the planner's <span data-glue="copy_planner">128</span>.
 
 # %% [markdown]
 # ### Try it
@@ -379,7 +392,8 @@ print()
 print(memory.min_gpus(llama, **job))
 
 # %% [markdown]
-# On one GPU the model states alone (16 bytes per parameter) are more than 80 GB. Over 8
+# On one GPU the model states alone (<span data-glue="bf16_adam_bytes">16</span> bytes per
+# parameter) are more than 80 GB. Over 8
 # data-parallel GPUs each one still holds them all; sharding them (ZeRO stage 3, chapter
 # 06) and recomputing activations (also chapter 06) brings it under. Tensor parallelism
 # over 8 GPUs (chapter 04) divides the weights and most activations instead.
@@ -457,16 +471,18 @@ for optimizer, precision in (("sgd", "fp32"), ("adam", "fp32"), ("adam", "bf16")
 # a attention heads, with 2-byte activations and 1-byte dropout masks. It is built the way
 # ours is: for each operation, whatever its backward pass will need. `memory.compare_block`
 # sets the two side by side, term by term, for one block; here one block of GPT-3 175B with
-# one sequence of 2048 tokens in bf16.
+# one sequence of <span data-glue="korthikanti_seq">2048</span> tokens in bf16.
 
 # %%
 from parlab.units import format_bytes
 
-table = memory.compare_block(GPT3_175B, batch=1, seq=2048, precision="bf16")
+seq = 2048
+glue("korthikanti_seq", seq)
+table = memory.compare_block(GPT3_175B, batch=1, seq=seq, precision="bf16")
 print(table.to_string(formatters={"Korthikanti": "{:,}".format, "ours": "{:,}".format,
                                   "why they differ": lambda why: f"  {why:<72}"}))
 theirs, ours = table["Korthikanti"].sum(), table["ours"].sum()
-no_dropout = sum(memory.korthikanti_terms(GPT3_175B, 1, 2048, dropout=False).values())
+no_dropout = sum(memory.korthikanti_terms(GPT3_175B, 1, seq, dropout=False).values())
 dropout_rows = table[table["why they differ"].str.startswith("no dropout")]["Korthikanti"].sum()
 print(f"\nKorthikanti et al.: {theirs:>15,} B = {format_bytes(theirs)} per block")
 print(f"ours:               {ours:>15,} B = {format_bytes(ours)} per block")
@@ -576,13 +592,17 @@ wait_usd = run.usd_per_hour * retry.wait_s / 3600
 print(f"one timeout: {retry.wait_s:.2f} s; the transport gives up after {retry.give_up_s:.1f} s")
 print(f"the whole cluster waiting one timeout: ${wait_usd:,.2f}")
 print(f"a failure at hour 1,439, no checkpoint:      ${failure_cost(run, 1439):>12,.0f}")
-print(f"a failure at hour 1,439, checkpoint every 2 h: ${failure_cost(run, 1439, 2):>10,.0f}")
+every = 2  # hours between checkpoints
+print(f"a failure at hour 1,439, checkpoint every {every} h: "
+      f"${failure_cost(run, 1439, every):>10,.0f}")
+glue("checkpoint_every", every)
 _ = glue("packet_usd", wait_usd, ".2f")
 
 # %% [markdown]
 # A lost packet costs <span data-glue="packet_usd">2.09</span> dollars of waiting here. What
 # the book's restart costs is a failure: on the last day without a checkpoint it throws the
-# whole bill away, with a checkpoint every 2 hours at most 2 hours of it.
+# whole bill away, with a checkpoint every <span data-glue="checkpoint_every">2</span> hours at
+# most <span data-glue="checkpoint_every">2</span> hours of it.
 
 # %% [markdown]
 # A job spread over 50,000 GPUs rarely fails only once: it stops whenever any one of its
@@ -591,12 +611,16 @@ _ = glue("packet_usd", wait_usd, ".2f")
 # (MTBF) for the whole job, and counts the repeated work, restarts and time spent writing
 # checkpoints. Checkpoint too often and the writes cost time; too rarely and
 # each failure throws more work away. Young's rule, √(2 × write time × MTBF), finds the
-# balance. Here the MTBF is 8 hours and a checkpoint takes 10 minutes to write:
+# balance. Here the MTBF is <span data-glue="mtbf_hours">8</span> hours and a checkpoint takes
+# <span data-glue="write_minutes">10</span> minutes to write:
 
 # %%
-best = young_interval(mtbf_hours=8, checkpoint_minutes=10)
-for interval in (None, 8, 4, round(best, 2), 0.5):
-    w = expected_waste(run, mtbf_hours=8, interval_hours=interval, checkpoint_minutes=10)
+mtbf, write = 8, 10  # hours between failures, minutes per checkpoint
+glue("mtbf_hours", mtbf)
+glue("write_minutes", write)
+best = young_interval(mtbf_hours=mtbf, checkpoint_minutes=write)
+for interval in (None, mtbf, mtbf // 2, round(best, 2), 0.5):
+    w = expected_waste(run, mtbf_hours=mtbf, interval_hours=interval, checkpoint_minutes=write)
     label = "never" if interval is None else f"every {interval} h"
     cost = "the run never finishes" if w.wasted_usd > 1e12 else f"${w.wasted_usd:>12,.0f}"
     print(f"checkpoint {label:<16} expected waste: {cost}")
