@@ -153,3 +153,24 @@ def test_chapter_figures_and_calculator_widget_draw(tmp_path, capsys):
     assert fig is not None and "at least 1 GPUs" in capsys.readouterr().out
     assert draw_memory("GPT-2 XL", "fp32", "adam", 8, 1024, 80, 8, 1) is None
     assert "tp=8 must divide n_heads=25" in capsys.readouterr().out
+
+
+def test_explorers_offer_the_hf_presets(capsys):
+    """The calculator and the planner list the Llama/Mistral presets and draw them."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from parlab.models import HF_CONFIGS
+    from parlab.viz.widgets.memory import draw_memory, memory_explorer
+    from parlab.viz.widgets.planner import draw_plan, planner_explorer
+
+    for make in (memory_explorer, planner_explorer):
+        controls = make().widget.children[0].children
+        models = next(c for c in controls if c.description == "model")
+        assert set(HF_CONFIGS) <= set(models.options), make.__name__
+    # Llama-3-8B, bf16 + Adam: 8.03 B parameters x 16 B over tp 2 x pp 2 is about 32 GB of
+    # model states per GPU, so the table's parameters row is 2 B x 8.03 B / 4 = 4.02 GB
+    assert draw_memory("Llama-3-8B", "bf16", "adam", 8, 8192, 80, 2, 2) is not None
+    out = capsys.readouterr().out
+    assert "Llama-3-8B" in out and "4.02 GB" in out and "at least" in out
+    assert draw_plan("Llama-3-8B", 64, 80, 400, 450) is not None
+    assert "Llama-3-8B on 64 GPUs" in capsys.readouterr().out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from parlab.memory import expected_waste, failure_cost, training_cost, young_interval
 from parlab.memory import OPTIMIZERS, PRECISIONS, estimate, min_gpus
-from parlab.models import CONFIGS
+from parlab.models import CONFIGS, HF_CONFIGS, get_config
 from parlab.viz.explorer import Explorer, explore
 
 __all__ = ["draw_memory", "memory_explorer", "draw_energy", "energy_explorer"]
@@ -19,7 +19,7 @@ def draw_memory(model: str, precision: str, optimizer: str, batch: int, seq: int
     """
     from parlab.viz.plots.memory import memory_split
 
-    config = CONFIGS[model]
+    config = get_config(model)
     try:
         one = estimate(config, (batch, seq), optimizer, precision, gpu_memory_gb=gpu_gb)
         split = estimate(config, (batch, seq), optimizer, precision, tp=tp, pp=pp,
@@ -43,11 +43,11 @@ def memory_explorer(model: str = "GPT-2 small", precision: str = "fp32",
     pick = lambda name, options, value: w.Dropdown(options=options, value=value,
                                                    description=name)
     controls = {
-        "model": pick("model", list(CONFIGS), model),
+        "model": pick("model", list(CONFIGS) + list(HF_CONFIGS), model),
         "precision": pick("precision", list(PRECISIONS), precision),
         "optimizer": pick("optimizer", list(OPTIMIZERS), optimizer),
         "batch": pick("batch", [1, 2, 4, 8, 16, 32, 64], batch),
-        "seq": pick("sequence", [16, 128, 256, 512, 1024, 2048], seq),
+        "seq": pick("sequence", [16, 128, 256, 512, 1024, 2048, 4096, 8192], seq),
         "gpu_gb": pick("GPU GB", [16, 24, 40, 48, 80, 94, 141, 192], gpu_gb),
         "tp": pick("tensor", [1, 2, 4, 8], tp),
         "pp": pick("pipeline", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96], pp),
