@@ -149,9 +149,10 @@ def build(sources: list[Path], timeout: int = 900) -> None:
         target = source.with_suffix(".ipynb")
         notebook = _with_previous(notebook, target)
         started = time.monotonic()
-        # no per-cell timestamps: a rebuild then changes only what the code changed
+        # no per-cell timestamps, and a cell's prints merged into one output however the
+        # kernel flushed them: a rebuild then changes only what the code changed
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                record_timing=False,
+                                record_timing=False, coalesce_streams=True,
                                 resources={"metadata": {"path": str(source.parent)}})
         client.execute()
         _drop_pairing(notebook)
