@@ -25,7 +25,8 @@
 # In this notebook you will:
 #
 # 1. count GPT-3's parameters per layer and see how much memory each GPU keeps when the
-#    layers are split 1, 2, 4 or 8 ways (the numbers behind Figure 8-15's discussion);
+#    layers are split <span data-glue="tp_degrees">1, 2, 4 or 8</span> ways (the numbers
+#    behind Figure 8-15's discussion);
 # 2. cut tensors by rows, columns, heads and token ranges, and print who owns what;
 # 3. run the two ways of holding the word-embedding table: on one GPU with a broadcast (the
 #    book's default) and split by vocabulary;
@@ -93,11 +94,13 @@ show(transformer_figure())
 # per attention layer and "about 173 billion" for the blocks sit next to the exact counts,
 # rounded the usual way, below. The attention count rounds *down*, so 605 M is a slip.
 # The block total matches another route: round one block first, then multiply by the
-# number of blocks, which drops almost a billion parameters. Rounding the exact total
-# gives a different figure.
+# number of blocks, which drops <span data-glue="rounding_dropped_b">1.2</span> billion
+# parameters. Rounding the exact total gives a different figure.
 
 # %%
 from parlab.tensor_parallel import book_rounding
+from parlab.units import GB
+from parlab.viz import glue
 
 r = book_rounding()
 print(f"attention layer: {r['attention']:,} rounds to {r['attention_rounded_to_millions'] / 1e6:g} M;"
@@ -106,15 +109,17 @@ print(f"all blocks:      {r['blocks']:,} rounds to {r['blocks_rounded_to_billion
       f" the book: {r['book_blocks'] / 1e9:g} B")
 print(f"{r['layers']} x one block rounded to {r['block_rounded'] / 1e9:g} B first = "
       f"{r['blocks_from_rounded'] / 1e9:g} B")
+_ = glue("rounding_dropped_b", (r["blocks"] - r["blocks_from_rounded"]) / GB, ".1f")
 
 # %% [markdown]
 # ### Does one layer exceed a GPU? Not in GPT-3
 #
 # The chapter motivates tensor parallelism by saying that a single layer alone often
 # exceeds one GPU's memory. For GPT-3 that is false. Its largest layer, the feed-forward
-# layer, fits on an 80 GB GPU with room to spare, even with everything Adam keeps for it
-# in mixed precision (parameters, gradients, fp32 master weights and two moments, from
-# `parlab.memory.model_state_bytes`), and so does a whole block:
+# layer, fits on an <span data-glue="gpu_gb">80</span> GB GPU with room to spare, even with
+# everything Adam keeps for it in mixed precision (parameters, gradients, fp32 master
+# weights and two moments, from `parlab.memory.model_state_bytes`), and so does a whole
+# block:
 
 # %%
 from parlab.tensor_parallel import layer_memory
@@ -133,6 +138,8 @@ for tp in (1, lm["tp"]):
     print(f"      blocks whose model states fit on one GPU: {row['blocks_per_gpu']}, so at "
           f"least {row['stages']} pipeline stages; GPipe's bubble with "
           f"{lm['microbatches']} micro-batches: {row['bubble']:.3f}")
+glue("gpu_gb", lm["gpu_bytes"] / GB, "g")
+_ = glue("tp_gpt3", lm["tp"])
 
 # %% [markdown]
 # The reasons for tensor parallelism are the other lines:
@@ -154,11 +161,13 @@ for tp in (1, lm["tp"]):
 # %%
 from parlab.viz.widgets import shard_memory_explorer
 
-rows = counting.parameter_memory(degrees=(1, 2, 4, 8))
+degrees = (1, 2, 4, 8)
+rows = counting.parameter_memory(degrees=degrees)
 for row in rows:
     print(f"tp={row['tp']}: {row['parameters']:>15,} parameters, {row['bytes'] / 1e9:6.1f} GB "
           f"in fp16; fits in 80 GB: {row['fits_80GB']}")
 print("smallest degree whose parameters fit:", min(r["tp"] for r in rows if r["fits_80GB"]))
+glue("tp_degrees", ", ".join(map(str, degrees[:-1])) + f" or {degrees[-1]}")
 shard_memory_explorer()
 
 # %% [markdown]
@@ -177,7 +186,8 @@ print(f"table: {table['vocab']:,} tokens x {table['d_model']:,} = {table['parame
 print(f"share of the model: {100 * table['share_of_model']:.2f} %; "
       f"one block: {table['one_block_bytes'] / 1e9:.2f} GB; "
       f"table / block: {table['bytes'] / table['one_block_bytes']:.2f}")
-print(f"vectors looked up for one sequence of 2048 tokens: {table['vectors_bytes'] / 1e6:.1f} MB")
+print(f"vectors looked up for one sequence of {gpt3.context} tokens: "
+      f"{table['vectors_bytes'] / 1e6:.1f} MB")
 
 # %% [markdown]
 # The book calls a typical embedding matrix "about 200 MB"; GPT-3's is larger (printed
@@ -191,12 +201,19 @@ print(f"vectors looked up for one sequence of 2048 tokens: {table['vectors_bytes
 #
 # Self-attention starts by multiplying each token's vector (its embedding plus its
 # position, normalized) by three weight matrices: W_Q gives the token's *query*, W_K its
-# *key*, W_V its *value*. Here are the real numbers for four tokens in a small model
-# (`d_model` 8). The figure's Q, K and V are checked against the model's own projection
-# layers when it is drawn. Everything sits on one GPU; section 5 splits these matrices.
+# *key*, W_V its *value*. Here are the real numbers for
+# <span data-glue="qkv_tokens">4</span> tokens in a small model (`d_model`
+# <span data-glue="qkv_d_model">8</span>). The figure's Q, K and V are checked against the
+# model's own projection layers when it is drawn. Everything sits on one GPU; section 5
+# splits these matrices.
 
 # %%
+from parlab.viz.plots.transformer import qkv_example
+
 show(local_qkv_figure())
+n_tokens, width = qkv_example()["X"].shape
+glue("qkv_tokens", n_tokens)
+_ = glue("qkv_d_model", width)
 
 # %% [markdown]
 # ## 2. Cutting tensors: who owns which slice
@@ -207,19 +224,22 @@ show(local_qkv_figure())
 #
 # A warning about names first. Megatron's *column*-parallel layer splits the columns of A
 # in Y = X A. PyTorch stores `nn.Linear.weight` as Aᵀ, shape (out, in), so those columns
-# are the **rows** of `weight`, one row per output feature. GPT-3's W_Q on 8 GPUs, by heads:
+# are the **rows** of `weight`, one row per output feature. GPT-3's W_Q on
+# <span data-glue="tp_gpt3">8</span> GPUs, by heads:
 
 # %%
 from parlab.tensor_parallel import describe, merge, shard_spec, split
 
-gpus = [f"GPU{r}" for r in range(8)]
-print(describe(shard_spec("W_Q", (12288, 12288), "heads", 8, n_heads=96, owners=gpus)[:3]))
+tp = lm["tp"]
+gpus = [f"GPU{r}" for r in range(tp)]
+print(describe(shard_spec("W_Q", (gpt3.d_model, gpt3.d_model), "heads", tp, n_heads=gpt3.n_heads,
+                          owners=gpus)[:3]))
 print("...")
-print(describe(shard_spec("E", (50257, 12288), "vocab", 8)[-2:]))
+print(describe(shard_spec("E", (gpt3.vocab, gpt3.d_model), "vocab", tp)[-2:]))
 
 # %% [markdown]
-# The vocabulary does not divide by 8, so the ranges are balanced: the first ranks get one
-# more token id than the last ones. Cutting and gluing back gives the original tensor:
+# The vocabulary does not divide by <span data-glue="tp_gpt3">8</span>, so the ranges are
+# balanced: the first ranks get one more token id than the last ones. Cutting and gluing back gives the original tensor:
 
 # %%
 import torch
@@ -255,12 +275,16 @@ for bad in (lambda: shard_spec("W_Q", (12288, 12288), "heads", 5, n_heads=96),
 # the vector. The backward pass needs no traffic: each rank's rows get their own ids'
 # gradients.
 #
-# Both on 3 ranks, with an 11-token vocabulary, against `nn.Embedding` on one device:
+# Both on <span data-glue="emb_ranks">3</span> ranks, with a vocabulary of
+# <span data-glue="emb_vocab">11</span> tokens, against `nn.Embedding` on one device:
 
 # %%
 from parlab.tensor_parallel import run_embedding
 
-embeddings = {kind: run_embedding(kind, vocab=11, world_size=3, backend="toy")
+vocab, ranks = 11, 3
+glue("emb_vocab", vocab)
+glue("emb_ranks", ranks)
+embeddings = {kind: run_embedding(kind, vocab=vocab, world_size=ranks, backend="toy")
               for kind in ("broadcast", "vocab")}
 for c in embeddings.values():
     print(c.summary())
@@ -270,7 +294,7 @@ for c in embeddings.values():
 # **The book says that splitting the table brings high communication costs.** Add up each
 # layout's forward and backward bytes, and count them in units of the looked-up vectors
 # (the output of the lookup). Then do the same with the ring formulas at GPT-3's size: one
-# sequence's vectors on 8 GPUs.
+# sequence's vectors on <span data-glue="tp_gpt3">8</span> GPUs.
 
 # %%
 from parlab.tensor_parallel import embedding_wire_bytes
@@ -280,8 +304,9 @@ for kind, c in embeddings.items():
     moved = sum(c.total_bytes().values())
     print(f"{kind:<9} forward + backward: {moved} B = {moved / vectors:.3g} x the vectors "
           f"({vectors} B)")
-at_scale = embedding_wire_bytes(table["vectors_bytes"], 8)
-print(f"GPT-3, one sequence, 8 GPUs: broadcast + reduce {at_scale['broadcast']['total'] / 1e6:.0f} MB,"
+at_scale = embedding_wire_bytes(table["vectors_bytes"], lm["tp"])
+print(f"GPT-3, one sequence, {lm['tp']} GPUs: "
+      f"broadcast + reduce {at_scale['broadcast']['total'] / 1e6:.0f} MB,"
       f" vocabulary split {at_scale['vocab']['total'] / 1e6:.0f} MB")
 
 # %% [markdown]
@@ -329,15 +354,19 @@ print(mlp.traffic_table())
 # %% [markdown]
 # Each all-reduce carries a tensor of X's size. In the forward pass it sums B's partial
 # outputs; in the backward pass, the partial gradients of X (an activation gradient, not a
-# weight gradient: each GPU's weight gradients are its own). A ring all-reduce on 2 GPUs
-# puts the tensor on the wire twice over:
+# weight gradient: each GPU's weight gradients are its own). A ring all-reduce on
+# <span data-glue="mlp_ranks">2</span> GPUs puts the tensor on the wire
+# <span data-glue="mlp_ring_factor">2</span> times over:
 
 # %%
 from parlab.comm import ring_wire_bytes
 
-x_grad = mlp.reference["x.grad"]
-print(f"X: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B; ring all-reduce on 2 GPUs: "
-      f"{ring_wire_bytes('all_reduce', x_grad.nbytes, 2):g} B on the wire")
+x_grad, ranks = mlp.reference["x.grad"], mlp.info["world_size"]
+on_wire = ring_wire_bytes("all_reduce", x_grad.nbytes, ranks)
+print(f"X: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B; ring all-reduce on {ranks} GPUs: "
+      f"{on_wire:g} B on the wire")
+glue("mlp_ranks", ranks)
+_ = glue("mlp_ring_factor", on_wire / x_grad.nbytes, "g")
 
 # %% [markdown]
 # ### The same MLP with PyTorch's API
@@ -423,13 +452,17 @@ strategy_explorer(batch=8, c_in=64, c_out=128)
 #
 # Figure 8-17 splits the query, key and value matrices between GPUs A1 and A2: A1 owns the
 # first half of each matrix's output columns, A2 the second half. Here with `d_model = 8`
-# and 2 heads (dashed):
+# and <span data-glue="att_heads">2</span> heads (dashed):
 
 # %%
 from parlab.viz import show
 from parlab.viz.plots import qkv_sharding_figure
 
-show(qkv_sharding_figure(d_model=8, n_heads=2, ranks=2))
+size = dict(d_model=8, n_heads=2, batch=2, seq=4)  # the small layer of this section
+show(qkv_sharding_figure(d_model=size["d_model"], n_heads=size["n_heads"], ranks=2))
+glue("att_heads", size["n_heads"])
+glue("att_batch", size["batch"])
+_ = glue("att_seq", size["seq"])
 
 # %% [markdown]
 # Two slips in the book around this figure. Its caption speaks of "Shared" Q, K and V
@@ -443,7 +476,7 @@ show(qkv_sharding_figure(d_model=8, n_heads=2, ranks=2))
 # %%
 from parlab.tensor_parallel import column_split_input
 
-errors = column_split_input(d_model=8, tokens=4, parts=2)
+errors = column_split_input(d_model=size["d_model"], tokens=size["seq"], parts=2)
 print(f"from the whole X: equal to the true slice (difference below 1e-6): "
       f"{errors['whole_input'] < 1e-6}")
 print(f"from A1's share of X's features: off by up to {errors['input_share']:.2f}")
@@ -464,12 +497,13 @@ print(f"from A1's share of X's features: off by up to {errors['input_share']:.2f
 # The book says the softmax *produces* the context vector. It produces the attention
 # weights: per head, one row per token, each row summing to 1. The context vectors are
 # those weights times V, softmax(QKᵀ/√d_head) V, which is what step 4 computes. The shapes,
-# for one sequence of 4 tokens, `d_model = 8` and 2 heads:
+# for one sequence of <span data-glue="att_seq">4</span> tokens, `d_model = 8` and
+# <span data-glue="att_heads">2</span> heads:
 
 # %%
 from parlab.tensor_parallel import softmax_and_context
 
-print(softmax_and_context(d_model=8, n_heads=2, seq=4))
+print(softmax_and_context(d_model=size["d_model"], n_heads=size["n_heads"], seq=size["seq"]))
 
 # %% [markdown]
 # **Backward, and a slip in the chapter.** The chapter all-reduces the gradients of the
@@ -502,14 +536,15 @@ print(softmax_and_context(d_model=8, n_heads=2, seq=4))
 # `ColwiseParallel` on the three projections and `RowwiseParallel` on W_O, applied to an
 # ordinary module by `parallelize_module`.
 #
-# All three on the same weights, batch 2, 4 tokens, `d_model = 8`, 2 heads, causal mask:
+# All three on the same weights, batch <span data-glue="att_batch">2</span>,
+# <span data-glue="att_seq">4</span> tokens, `d_model = 8`,
+# <span data-glue="att_heads">2</span> heads, causal mask:
 
 # %%
 from parlab.tensor_parallel import collective_wire_bytes, run_attention
 
-attention = {"book": run_attention("book", backend="toy"),
-             "megatron": run_attention("megatron", backend="toy"),
-             "pytorch": run_attention("pytorch", backend="toy")}
+attention = {name: run_attention(name, **size, backend="toy")
+             for name in ("book", "megatron", "pytorch")}
 for c in attention.values():
     print(c.summary())
 
@@ -538,7 +573,8 @@ for name in attention:
 #
 # The log says which tensors were summed or gathered, by their size. Here the input has as
 # many elements as W_Q (batch x tokens = d_model), so run the book's and Megatron's layers
-# once more with 5 tokens instead of 4: then no activation has the size of a weight or of
+# once more with <span data-glue="att_seq_odd">5</span> tokens instead of
+# <span data-glue="att_seq">4</span>: then no activation has the size of a weight or of
 # a weight shard. Each backward collective, with the size of the tensor it carried (from
 # its bytes on the wire and the ring formula), next to the activation size and the weight
 # shards:
@@ -546,7 +582,9 @@ for name in attention:
 # %%
 from parlab.tensor_parallel import calls_table, collective_calls, gradient_shard_bytes
 
-evidence = {name: run_attention(name, seq=5, backend="toy") for name in ("book", "megatron")}
+odd = dict(size, seq=5)
+glue("att_seq_odd", odd["seq"])
+evidence = {name: run_attention(name, **odd, backend="toy") for name in ("book", "megatron")}
 x_grad = evidence["book"].reference["x.grad"]
 print(f"X, Q, K and their gradients: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B")
 print("weight-gradient shards on A1 (B):", gradient_shard_bytes(evidence["book"]))
@@ -567,8 +605,8 @@ for name, c in evidence.items():
 # tool its tensor-parallel tutorials use). Held open over the forward and the backward
 # pass, it catches each collective in PyTorch's dispatcher and counts it against the module
 # that was running, in the forward or the backward pass. Its table for the DTensor
-# attention on A1, at noise level 0 (collectives only; higher levels add every DTensor
-# operation with its shapes and placements):
+# attention on A1, at its lowest noise level (collectives only; higher levels add every
+# DTensor operation with its shapes and placements):
 
 # %%
 print(attention["pytorch"].info["comm_table"])
@@ -605,7 +643,7 @@ print("logged by the toy backend:  ", pytorch.total_bytes())
 # module by module:
 
 # %%
-unprepared = run_attention("pytorch", backend="toy", prepare_input=False)
+unprepared = run_attention("pytorch", **size, backend="toy", prepare_input=False)
 print(unprepared.summary())
 print(unprepared.info["comm_table"])
 
@@ -642,10 +680,10 @@ show(attention_bytes_figure(measured, "one attention layer, 2 GPUs: bytes measur
 # because the gathered Q and K contain the whole head:
 
 # %%
-one_head = run_attention("book", n_heads=1, backend="toy")
+one_head = run_attention("book", **dict(size, n_heads=1), backend="toy")
 print(one_head.summary())
 try:
-    run_attention("megatron", n_heads=1)
+    run_attention("megatron", **dict(size, n_heads=1))
 except ValueError as err:
     print("ValueError:", err)
 
@@ -655,7 +693,7 @@ except ValueError as err:
 # reduce-scatter does the same job for fewer bytes:
 
 # %%
-scattered = run_attention("book", backend="toy", grad_sync="reduce_scatter")
+scattered = run_attention("book", **size, backend="toy", grad_sync="reduce_scatter")
 print(scattered.summary())
 print("backward bytes, all-reduce:", attention["book"].total_bytes()["backward"],
       " reduce-scatter:", scattered.total_bytes()["backward"])
@@ -666,13 +704,15 @@ print(f"summing dQ and dK alone: {summed[0]} B by all-reduce, {summed[1]} B by "
 
 # %% [markdown]
 # These byte counts follow formulas (`counting.attention_bytes`; the tests check them
-# against the toy log), so they can be scaled to GPT-3: one attention layer, 2048 tokens,
-# `d_model = 12288`, 8 GPUs, fp16. Change the sizes below the figure:
+# against the toy log), so they can be scaled to GPT-3: one attention layer,
+# <span data-glue="gpt3_seq">2,048</span> tokens, `d_model = 12288`,
+# <span data-glue="tp_gpt3">8</span> GPUs, fp16. Change the sizes below the figure:
 
 # %%
 from parlab.viz.widgets import attention_explorer
 
-attention_explorer()
+glue("gpt3_seq", gpt3.context, ",")
+attention_explorer(seq=gpt3.context, d_model=gpt3.d_model, ranks=lm["tp"], precision="fp16")
 
 # %% [markdown]
 # ## 6. Figure 8-19: the feed-forward layer on six GPUs
@@ -733,14 +773,19 @@ answer_04_4 = ...
 check("04.4", answer_04_4)
 
 # %% [markdown]
-# The batch of 4 context vectors in 2 micro-batches, compared with the same network
+# The batch of <span data-glue="ffn_batch">4</span> context vectors in
+# <span data-glue="ffn_micro">2</span> micro-batches, compared with the same network
 # (`parlab.models.BookMLP`) on one device:
 
 # %%
 from parlab.tensor_parallel import run_ffn
 from parlab.comm import figure_8_19
 
-ffn = run_ffn(sizes=(4, 6, 4, 2), tensor=2, batch=4, micro_batches=2, backend="toy")
+batch, micro_batches = 4, 2
+glue("ffn_batch", batch)
+glue("ffn_micro", micro_batches)
+ffn = run_ffn(sizes=(4, 6, 4, 2), tensor=2, batch=batch, micro_batches=micro_batches,
+              backend="toy")
 print(ffn.summary())
 cluster = figure_8_19(nic_gbps=400)
 print(cluster)
@@ -780,14 +825,18 @@ show(ffn_figure(ffn))
 
 # %% [markdown]
 # How long would these transfers take on real links? `TrafficLog.time` applies the
-# alpha-beta model of `parlab.comm` (NVLink at 450 GB/s, NICs at 100 or 400 Gb/s, plus a
-# latency per message; the messages of one step of a collective run at the same time,
-# steps one after another). Each type of link is timed on its own here:
+# alpha-beta model of `parlab.comm` (NVLink at <span data-glue="ffn_nvlink_gbs">450</span>
+# GB/s, NICs at <span data-glue="ffn_nic_speeds">100 or 400</span> Gb/s, plus a latency per
+# message; the messages of one step of a collective run at the same time, steps one after
+# another). Each type of link is timed on its own here:
 
 # %%
 from parlab.comm import TrafficLog
 
-for gbps in (100, 400):
+nic_speeds = (100, 400)
+glue("ffn_nic_speeds", " or ".join(map(str, nic_speeds)))
+glue("ffn_nvlink_gbs", cluster.links["nvlink"].bandwidth / GB, ".0f")
+for gbps in nic_speeds:
     c = figure_8_19(nic_gbps=gbps)
     for phase, log in ffn.traffic.items():
         per = {kind: TrafficLog(t for t in log.records if c.link_type(t.src, t.dst) == kind)

@@ -29,15 +29,19 @@
 #    that hybrid on real ranks and check it against one process;
 # 2. read the slides' table of pros and cons, each line backed by a number the package
 #    computes;
-# 3. let a planner choose the layout of GPT-3 175B on 1,024 GPUs of 80 GB: every way to write
-#    1,024 = data x tensor x pipeline, its memory per GPU, its time per step, and where each
-#    rank sits on a rail-optimized cluster; see why chapter 01 and the planner disagree
-#    on how many GPUs one copy of GPT-3 needs; what small micro-batches cost a GPU (the
-#    roofline); placement as a search problem (the slides' reinforcement-learning placer);
-#    what larger batches buy and what they may cost in accuracy; then plan Llama-3-8B, or
-#    your own `config.json`, with activation recomputation on and off;
-# 4. run a small 3D-parallel job for real: 8 ranks, data 2 x tensor 2 x pipeline 2, equal to
-#    one-process training, with every message labelled by its group and link;
+# 3. let a planner choose the layout of GPT-3 175B on <span data-glue="gpus">1,024</span> GPUs
+#    of <span data-glue="gpu_gb">80</span> GB: every way to write
+#    <span data-glue="gpus">1,024</span> = data x tensor x pipeline, its memory per GPU, its
+#    time per step, and where each rank sits on a rail-optimized cluster; see why chapter 01
+#    and the planner disagree on how many GPUs one copy of GPT-3 needs; what small
+#    micro-batches cost a GPU (the roofline); placement as a search problem (the slides'
+#    reinforcement-learning placer); what larger batches buy and what they may cost in
+#    accuracy; then plan Llama-3-8B, or your own `config.json`, with activation recomputation
+#    on and off;
+# 4. run a small 3D-parallel job for real: <span data-glue="job_ranks">8</span> ranks, data
+#    <span data-glue="job_dp">2</span> x tensor <span data-glue="job_tp">2</span> x pipeline
+#    <span data-glue="job_pp">2</span>, equal to one-process training, with every message
+#    labelled by its group and link;
 # 5. see why serving a large model needs model parallelism too;
 # 6. solve five exercises; two of them ask you to predict a number before the notebook
 #    prints it, and two ask about sizes it never prints.
@@ -48,20 +52,34 @@
 # The slides' example is a convolutional network: a stack of convolutions that slide small
 # filters over large images, followed by fully connected layers. Their claim: the
 # convolutions do 90-95 % of the computation with about 5 % of the parameters, and the fully
-# connected layers the reverse. `parlab.models.cnn` measures a small CNN (five 3x3 convolutions and
-# two fully connected layers, on 3 x 32 x 32 images) on a real training step: FLOPs with
+# connected layers the reverse. `parlab.models.cnn` measures a small CNN
+# (<span data-glue="cnn_convs">5</span> convolutions of <span data-glue="cnn_kernel">3x3</span>
+# and <span data-glue="cnn_fcs">2</span> fully connected layers, on
+# <span data-glue="cnn_image">3 x 32 x 32</span> images) on a real training step: FLOPs with
 # PyTorch's `FlopCounterMode`, parameters by counting, tensor sizes with hooks.
 
 # %%
-from parlab.models import SmallCNN, communication_per_layer, profile, share_by_kind
+from collections import Counter
 
-profiles = profile(SmallCNN(), (3, 32, 32), batch=8)
+from parlab.models import SmallCNN, communication_per_layer, profile, share_by_kind
+from parlab.viz import glue
+
+image, cnn_batch = (3, 32, 32), 8
+cnn = SmallCNN()
+profiles = profile(cnn, image, batch=cnn_batch)
 print(f"{'layer':<6} {'kind':<5} {'parameters':>11} {'MFLOP (fwd+bwd)':>16} {'in':>7} {'out':>7}")
 for p in profiles:
     print(f"{p.name:<6} {p.kind:<5} {p.params:>11,} {p.flops / 1e6:>16,.1f} "
           f"{p.input_elems:>7,} {p.output_elems:>7,}")
 for kind, share in share_by_kind(profiles).items():
     print(f"{kind}: {share['flops']:.1%} of the FLOPs, {share['params']:.1%} of the parameters")
+kinds = Counter(p.kind for p in profiles)
+glue("cnn_convs", kinds["conv"])
+glue("cnn_fcs", kinds["fc"])
+glue("cnn_kernel", "x".join(map(str, cnn.conv1.kernel_size)))
+glue("cnn_image", " x ".join(map(str, image)))
+glue("cnn_hw", " x ".join(map(str, image[1:])))
+_ = glue("cnn_batch", cnn_batch)
 
 # %% [markdown]
 # The slides' numbers hold for this model. Now the communication. Data parallelism sends a
@@ -69,35 +87,42 @@ for kind, share in share_by_kind(profiles).items():
 # batch. Tensor parallelism sends *activations*: the layer's output if each GPU computes
 # some output channels ("partition output", `B x C_out`), or its input if each GPU takes
 # some input channels ("reduce output", `B x C_in`); for a convolution, times the image's
-# height x width. Bytes per layer at batch 8, in fp32:
+# height x width. Bytes per layer at batch <span data-glue="cnn_batch">8</span>, in fp32:
 
 # %%
 print(f"{'layer':<6} {'data parallel':>14} {'partition out':>14} {'reduce out':>14}  cheapest")
-for r in communication_per_layer(profiles, batch=8):
+for r in communication_per_layer(profiles, batch=cnn_batch):
     print(f"{r['layer']:<6} {r['data_parallel']:>14,} {r['tp_partition_output']:>14,} "
           f"{r['tp_reduce_output']:>14,}  {r['cheapest']}")
 
 # %% [markdown]
-# The early convolutions see 32 x 32 images: their activations are many times their
-# weights, so data parallelism wins by far. The fully connected layers have millions of
-# weights and tiny activations, so splitting them wins by far. In between there is a line,
-# and it moves with the batch: the last convolution works on 8 x 8 images, and at batch 8 it
-# is already cheaper to split. `crossover_batch` finds the largest batch for which splitting
-# a layer still pays:
+# The early convolutions see <span data-glue="cnn_hw">32 x 32</span> images: their activations
+# are many times their weights, so data parallelism wins by far. The fully connected layers
+# have millions of weights and tiny activations, so splitting them wins by far. In between
+# there is a line, and it moves with the batch: the last convolution works on
+# <span data-glue="conv5_hw">8 x 8</span> images, and at batch
+# <span data-glue="cnn_batch">8</span> it is already cheaper to split. `crossover_batch` finds
+# the largest batch for which splitting a layer still pays:
 
 # %%
+import math
+
 from parlab.hybrid import assignment_bytes, crossover_batch
 
 for layer in ("conv5", "fc1", "fc2"):
     print(f"{layer}: splitting moves fewer bytes up to batch {crossover_batch(profiles, layer):,}")
+conv5 = next(p for p in profiles if p.name == "conv5")
+side = math.isqrt(conv5.input_elems // cnn.conv5.in_channels)  # its input: C x side x side
+_ = glue("conv5_hw", f"{side} x {side}")
 
 # %% [markdown]
 # So the slides' advice is a rule for the *kind* of layer, and it is right in total: of the
 # four ways to give each kind one strategy, replicating the convolutions and splitting the
-# fully connected layers sends the fewest bytes, at batch 8 and at much larger batches.
+# fully connected layers sends the fewest bytes, at batch <span data-glue="cnn_batch">8</span>
+# and at much larger batches.
 
 # %%
-for batch in (8, 512):
+for batch in (cnn_batch, 512):
     costs = assignment_bytes(profiles, batch)
     print(f"batch {batch}: " + ", ".join(f"conv {c} + fc {f}: {n / 1e6:.1f} MB"
                                          for (c, f), n in costs.items()))
@@ -106,7 +131,7 @@ for batch in (8, 512):
 from parlab.viz import show
 from parlab.viz.plots import cnn_figure
 
-show(cnn_figure(profiles, batch=8, layer="conv5"))
+show(cnn_figure(profiles, batch=cnn_batch, layer="conv5"))
 
 # %% [markdown]
 # ### The hybrid, for real
@@ -141,7 +166,10 @@ for ranks in (2, 4):
 # %%
 from parlab.hybrid import summary_table, summary_text
 
-print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
+n_gpus, gpu_gb = 1024, 80  # the cluster of this section and the next
+glue("gpus", n_gpus, ",")
+glue("gpu_gb", gpu_gb)
+print(summary_text(summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb)))
 
 # %% [markdown]
 # No row wins on its own: data parallelism cannot hold GPT-3, tensor parallelism needs the
@@ -156,8 +184,10 @@ print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
 # * **Does it fit?** Memory on the busiest GPU from `parlab.memory` (chapter 01):
 #   bf16 weights and gradients, fp32 master weights and Adam moments, and the activations
 #   of the micro-batches in flight (1F1B: up to pp of them on the first stage).
-# * **How long is a step?** Compute: 6 x parameters x tokens FLOPs, shared by all GPUs, at
-#   989 TFLOP/s (an H100's dense bf16 peak) x 40 %, times the share of that speed a
+# * **How long is a step?** Compute: <span data-glue="flops_per_token">6</span> x parameters
+#   x tokens FLOPs, shared by all GPUs, at <span data-glue="h100_tflops">989</span> TFLOP/s
+#   (an H100's dense bf16 peak) x <span data-glue="mfu_pct">40</span> %, times the share of
+#   that speed a
 #   micro-batch of its size reaches (small micro-batches run slower; see "Small
 #   micro-batches" below). Pipeline bubble: a step of m
 #   micro-batches lasts m + pp - 1 slots. Communication, from `parlab.comm.cost`'s alpha-beta
@@ -166,20 +196,38 @@ print(summary_text(summary_table("GPT-3 175B", gpus=1024, gpu_memory_gb=80)))
 #   the replicas. Nothing is overlapped with compute, which makes the model simple and a
 #   little pessimistic.
 #
-# The batch is GPT-3's: 1,536 sequences of 2,048 tokens. Below is the planner's verdict
-# as an explorer; the figure is the default setting (GPT-3 175B on 1,024 GPUs of 80 GB,
-# 400 Gb/s NICs, NVLink at 450 GB/s), and the controls re-plan for other models, GPU counts,
-# memory sizes and link speeds. Faded bars are layouts that do not fit.
+# The batch is GPT-3's: <span data-glue="plan_batch">1,536</span> sequences of
+# <span data-glue="gpt3_seq">2,048</span> tokens. Below is the planner's verdict as an
+# explorer; the figure is the default setting (GPT-3 175B on
+# <span data-glue="gpus">1,024</span> GPUs of <span data-glue="gpu_gb">80</span> GB,
+# <span data-glue="nic_gbps">400</span> Gb/s NICs, NVLink at
+# <span data-glue="nvlink_gbs">450</span> GB/s), and the controls re-plan for other models,
+# GPU counts, memory sizes and link speeds. Faded bars are layouts that do not fit.
 
 # %%
+from parlab.hybrid import Assumptions, cluster
+from parlab.models import (FLOPS_PER_PARAMETER_TOKEN, GPT3_175B, H100_BF16_TFLOPS,
+                           H100_HBM_TB_PER_S, MFU)
+from parlab.units import GB
 from parlab.viz.widgets import planner_explorer
 
-planner_explorer()
+nic_gbps = 400
+nvlink_gbs = cluster(n_gpus, nic_gbps=nic_gbps).links["nvlink"].bandwidth / GB
+glue("flops_per_token", FLOPS_PER_PARAMETER_TOKEN)
+glue("h100_tflops", H100_BF16_TFLOPS, "g")
+glue("h100_tbs", H100_HBM_TB_PER_S, "g")
+glue("mfu_pct", 100 * MFU, ".0f")
+glue("plan_batch", Assumptions().global_batch, ",")
+glue("gpt3_seq", GPT3_175B.context, ",")
+glue("nic_gbps", nic_gbps)
+glue("nvlink_gbs", nvlink_gbs, "g")
+planner_explorer("GPT-3 175B", n_gpus, gpu_gb, nic_gbps, nvlink_gbs)
 
 # %% [markdown]
 # ### Why not less model parallelism?
 #
-# Most ways to write 1,024 as a product never reach the timing stage. The search keeps the
+# Most ways to write <span data-glue="gpus">1,024</span> as a product never reach the timing
+# stage. The search keeps the
 # reason for each one it drops. More pipeline stages cut the weights and optimizer state
 # per GPU, but not everything.
 #
@@ -202,7 +250,7 @@ check("05.1", answer_05_1)
 # %%
 from parlab.hybrid import plan, search
 
-found = search("GPT-3 175B", 1024, 80)
+found = search("GPT-3 175B", n_gpus, gpu_gb)
 for r in found.rejected:
     if r.kind == "memory":
         print(f"dp {r.dp:>4} x tp {r.tp} x pp {r.pp:>2}: {r.reason}")
@@ -214,20 +262,27 @@ for r in found.rejected:
 # ### Chapter 01's smaller count
 #
 # Chapter 01 fits GPT-3 175B on <span data-glue="copy_few">64</span> GPUs; here nothing with
-# fewer than <span data-glue="copy_planner">128</span> GPUs per model copy fits. Both are right under their own assumptions. Chapter 01 trains 8 sequences as a
-# single micro-batch, so the first stage holds one micro-batch's activations while all but
-# one stage wait. This step trains 1,536 sequences in micro-batches of one; 1F1B keeps pp of
-# them on the first stage. `copy_sizes` changes one assumption at a time:
+# fewer than <span data-glue="copy_planner">128</span> GPUs per model copy fits. Both are
+# right under their own assumptions. Chapter 01 trains
+# <span data-glue="copy_few_batch">8</span> sequences as a single micro-batch, so the first
+# stage holds one micro-batch's activations while all but one stage wait. This step trains
+# <span data-glue="copy_step_batch">1,536</span> sequences in micro-batches of
+# <span data-glue="copy_step_micro">1</span>; 1F1B keeps pp of them on the first stage.
+# `copy_sizes` changes one assumption at a time:
 
 # %%
 from parlab.hybrid import copy_sizes
 from parlab.viz import glue
 
-sizes = copy_sizes("GPT-3 175B")
+sizes = copy_sizes("GPT-3 175B", global_batch=Assumptions().global_batch, gpus=n_gpus,
+                   gpu_memory_gb=gpu_gb)
 print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
 for row in sizes:
     print(row.row())
 glue("copy_few", sizes[0].gpus)
+glue("copy_few_batch", sizes[0].micro_batch)
+glue("copy_step_batch", sizes[1].microbatches * sizes[1].micro_batch, ",")
+glue("copy_step_micro", sizes[1].micro_batch)
 glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 glue("copy_recompute", sizes[3].gpus)
@@ -239,7 +294,8 @@ _ = glue("copy_planner", sizes[4].gpus)
 # chapter's step, the same split runs out of memory. Sized for that step, a copy needs
 # <span data-glue="copy_fewest">72</span> GPUs, or <span data-glue="copy_recompute">40</span>
 # with full recomputation (chapter 06). The planner adds two rules: every stage holds the
-# same number of layers, and the GPUs per copy divide the cluster's 1,024. The narrowest copy
+# same number of layers, and the GPUs per copy divide the cluster's
+# <span data-glue="gpus">1,024</span>. The narrowest copy
 # that meets both and fits has <span data-glue="copy_planner">128</span> GPUs.
 #
 # ### Where the ranks sit
@@ -251,38 +307,48 @@ _ = glue("copy_planner", sizes[4].gpus)
 # The first ranks of the winner:
 
 # %%
-best = plan("GPT-3 175B", 1024, 80)[0]
+best = plan("GPT-3 175B", n_gpus, gpu_gb)[0]
 print(best)
 print(best.placement_table(18))
 print("links per group:", best.links)
 
 # %% [markdown]
-# A smaller layout shows the pattern on one screen: dp 2 x tp 4 x pp 4 on four servers of
-# eight GPUs. Two tensor groups share each server (two replicas), and each replica's four
-# stages run down one set of rails. Here the two copies of a stage share a server, so even
-# their gradient all-reduce stays on NVLink.
+# A smaller layout shows the pattern on one screen: dp <span data-glue="small_dp">2</span> x
+# tp <span data-glue="small_tp">4</span> x pp <span data-glue="small_pp">4</span> on
+# <span data-glue="small_servers">4</span> servers of
+# <span data-glue="small_per_server">8</span> GPUs. Each server holds
+# <span data-glue="small_groups">2</span> tensor groups, one per replica, and each replica's
+# <span data-glue="small_pp">4</span> stages run down one set of rails. Here the copies of a
+# stage share a server, so even their gradient all-reduce stays on NVLink.
 
 # %%
 from parlab.viz.plots import placement_figure
 
-show(placement_figure(2, 4, 4))
+small, per_server = dict(dp=2, tp=4, pp=4), 8
+show(placement_figure(**small, gpus_per_server=per_server))
+for name, degree in small.items():
+    glue(f"small_{name}", degree)
+glue("small_servers", cluster(math.prod(small.values()), per_server).servers)
+glue("small_groups", per_server // small["tp"])
+_ = glue("small_per_server", per_server)
 
 # %% [markdown]
 # ### Small micro-batches: what the GPU pays
 #
 # Left to the bubble alone, the planner would always cut the batch into micro-batches of one
 # sequence: more micro-batches, smaller bubble. The slides add the other side: small
-# micro-batches lower the GPU's utilization. A linear layer multiplies the micro-batch's
-# n tokens (an n x k matrix) by a k x m weight: 2nkm FLOPs for reading the input and the
-# weight and writing the output. With few tokens the whole weight is read for little
-# arithmetic, and the product waits on memory. The *roofline* model (Williams, Waterman and
-# Patterson, 2009) says how much: a product runs at full speed when its FLOPs per byte moved
-# reach the GPU's *ridge point*, peak FLOP/s over memory bandwidth, and proportionally slower
-# below it. For an H100 the datasheet gives 989 TFLOP/s of dense bf16 and 3.35 TB/s of
-# memory bandwidth. `parlab.models.block_matmul_efficiency` applies the roofline to the
-# weight products of one transformer block on one tensor-parallel rank, and the planner
-# multiplies its 40 % by it. (It is an upper bound: near the ridge, real kernels lose a little
-# more.)
+# micro-batches lower the GPU's utilization. A linear layer multiplies the micro-batch's n
+# tokens (an n x k matrix) by a k x m weight: 2nkm FLOPs for reading the input and the weight
+# and writing the output. With few tokens the whole weight is read for little arithmetic, and
+# the product waits on memory. The *roofline* model (Williams, Waterman and Patterson, 2009)
+# says how much: a product runs at full speed when its FLOPs per byte moved reach the GPU's
+# *ridge point*, peak FLOP/s over memory bandwidth, and proportionally slower below it. For an
+# H100 the datasheet gives <span data-glue="h100_tflops">989</span> TFLOP/s of dense bf16 and
+# <span data-glue="h100_tbs">3.35</span> TB/s of memory bandwidth.
+# `parlab.models.block_matmul_efficiency` applies the roofline to the weight products of one
+# transformer block on one tensor-parallel rank, and the planner multiplies its
+# <span data-glue="mfu_pct">40</span> % by it. (It is an upper bound: near the ridge, real
+# kernels lose a little more.)
 #
 # **Exercise 05.5 (predict first, a small computation).** At tp = 8, GPT-3's output
 # projection on one GPU is a 1,536 x 12,288 weight. From how many tokens per micro-batch is
@@ -305,40 +371,57 @@ for tp in (1, 8):
 
 # %% [markdown]
 # The curve rises with the micro-batch and levels off at full speed. A measurement on this
-# machine's CPU shows the same effect: `torch.matmul` of a few tokens by a 4,096 x 4,096
-# weight (64 MB in fp32, larger than the CPU's caches), in GFLOP/s. (Measured here, so the
+# machine's CPU shows the same effect: `torch.matmul` of a few tokens by a
+# <span data-glue="cpu_k">4,096</span> x <span data-glue="cpu_m">4,096</span> weight
+# (<span data-glue="cpu_weight_mb">67</span> MB in fp32, larger than the CPU's caches), in
+# GFLOP/s. (Measured here, so the
 # numbers change from run to run and machine to machine; for the smallest products the CPU
 # library switches between kernels, so the first rows can jump around.)
+
+# %%
+import torch
+
+from parlab.units import MB
+
+k = m = 4096  # the weight of the measurement below
+glue("cpu_k", k, ",")
+glue("cpu_m", m, ",")
+_ = glue("cpu_weight_mb", k * m * torch.finfo(torch.float32).bits / 8 / MB, ".0f")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 from parlab.models import matmul_rates
 
-for tokens, rate in matmul_rates():
+for tokens, rate in matmul_rates(k=k, m=m):
     print(f"{tokens:>5} tokens: {rate:7.1f} GFLOP/s")
 
 # %% [markdown]
-# One GPT-3 sequence is 2,048 tokens, far beyond the knee: a micro-batch of one sequence
-# already runs at full speed, so the planner's choice of one sequence per micro-batch
-# is not an artifact of its model. Hagemann et al. (2023, "Efficient Parallelization Layouts
-# for Large-Scale Distributed Model Training") found the same in their measurements: a
-# micro-batch of one was usually part of the fastest layouts. With short sequences it
-# changes. The same tokens per step in sequences of 256 tokens, planned with the roofline
-# and without it (`gpu_tb_per_s=math.inf`: every product at full speed):
+# One GPT-3 sequence is <span data-glue="gpt3_seq">2,048</span> tokens, far beyond the knee: a
+# micro-batch of one sequence already runs at full speed, so the planner's choice of one
+# sequence per micro-batch is not an artifact of its model. Hagemann et al. (2023, "Efficient
+# Parallelization Layouts for Large-Scale Distributed Model Training") found the same in their
+# measurements: a micro-batch of one was usually part of the fastest layouts. With short
+# sequences it changes. The same tokens per step in sequences of
+# <span data-glue="short_seq">256</span> tokens, planned with the roofline and without it
+# (`gpu_tb_per_s=math.inf`: every product at full speed):
 
 # %%
 import math
 
 from parlab.hybrid import evaluate
 
-short = dict(seq=256, global_batch=1536 * 2048 // 256)
+short_seq = 256
+same_tokens = Assumptions().global_batch * GPT3_175B.context  # sequences x tokens per step
+short = dict(seq=short_seq, global_batch=same_tokens // short_seq)
+glue("short_seq", short_seq)
 wins = {}
-for label, bandwidth in (("with the roofline", 3.35), ("without it", math.inf)):
-    wins[label] = win = plan("GPT-3 175B", 1024, 80, gpu_tb_per_s=bandwidth, **short)[0]
-    print(f"{label:<18} {win}; {win.micro_batch * 256:,} tokens per micro-batch, bubble "
+for label, bandwidth in (("with the roofline", H100_HBM_TB_PER_S), ("without it", math.inf)):
+    wins[label] = win = plan("GPT-3 175B", n_gpus, gpu_gb, gpu_tb_per_s=bandwidth, **short)[0]
+    print(f"{label:<18} {win}; {win.micro_batch * short_seq:,} tokens per micro-batch, bubble "
           f"{win.bubble_fraction:.1%}")
 flat = wins["without it"]
-really = evaluate("GPT-3 175B", flat.dp, flat.tp, flat.pp, flat.microbatches, **short)
+really = evaluate("GPT-3 175B", flat.dp, flat.tp, flat.pp, flat.microbatches,
+                  gpu_memory_gb=gpu_gb, **short)
 print(f"the roofline's verdict on the second: its GPUs run at {really.efficiency:.0%} of "
       f"compute-bound speed, a step takes {really.step_time_s:.2f} s, not "
       f"{flat.step_time_s:.2f} s")
@@ -367,14 +450,14 @@ _ = glue("short_b_flat", flat.micro_batch)
 
 # %%
 space = found.space()
-print(f"ways to write 1,024 = dp x tp x pp: {space['triples']}; layouts priced: "
+print(f"ways to write {n_gpus:,} = dp x tp x pp: {space['triples']}; layouts priced: "
       f"{space['evaluated']}; layouts that fit: {space['fit']}")
-stages, gpus_per_copy = best.pp, best.tp * best.pp
-cuts = math.comb(GPT3_175B.n_layers - 1, stages - 1)
-print(f"cutting 96 blocks into {stages} contiguous stages: {cuts:.2e} ways (the planner: 1, "
-      f"equal stages)")
+stages, gpus_per_copy, blocks = best.pp, best.tp * best.pp, GPT3_175B.n_layers
+cuts = math.comb(blocks - 1, stages - 1)
+print(f"cutting {blocks} blocks into {stages} contiguous stages: {cuts:.2e} ways (the planner: "
+      f"1, equal stages)")
 print(f"any block on any of the {gpus_per_copy} GPUs of one copy: "
-      f"{gpus_per_copy}^96 = 10^{96 * math.log10(gpus_per_copy):.0f} placements")
+      f"{gpus_per_copy}^{blocks} = 10^{blocks * math.log10(gpus_per_copy):.0f} placements")
 glue("space_evaluated", space["evaluated"])
 _ = glue("space_triples", space["triples"])
 
@@ -389,47 +472,57 @@ _ = glue("space_triples", space["triples"])
 # ### Larger batches: faster steps, not always a better model
 #
 # The slides' other way to shrink the bubble is a larger mini-batch: more micro-batches per
-# step for the same pipeline. The planner shows what it buys. GPT-3 was trained on 300
-# billion tokens; here is the best layout for a few batch sizes, and the days that many tokens
-# would take:
+# step for the same pipeline. The planner shows what it buys. GPT-3 was trained on
+# <span data-glue="trained_tokens_b">300</span> billion tokens; here is the best layout for a
+# few batch sizes, and the days that many tokens would take:
 
 # %%
+trained_tokens, batches = 300e9, (1536, 3072, 6144, 12288)
+glue("trained_tokens_b", trained_tokens / 1e9, ".0f")
+glue("big_batch_x", batches[-1] // batches[0])
 days = {}
-for batch in (1536, 3072, 6144, 12288):
-    lay = plan("GPT-3 175B", 1024, 80, global_batch=batch)[0]
-    steps = 300e9 / (batch * 2048)
+for batch in batches:
+    lay = plan("GPT-3 175B", n_gpus, gpu_gb, global_batch=batch)[0]
+    steps = trained_tokens / (batch * GPT3_175B.context)
     days[batch] = steps * lay.step_time_s / 86400
     print(f"batch {batch:>6,}: {lay.name:<34} bubble {lay.bubble_fraction:5.1%}, "
           f"{steps:>7,.0f} steps, {days[batch]:5.1f} days")
-_ = glue("big_batch_saving", 100 * (1 - days[12288] / days[1536]), ".0f")
+_ = glue("big_batch_saving", 100 * (1 - days[batches[-1]] / days[batches[0]]), ".0f")
 
 # %% [markdown]
-# Eight times the batch saves <span data-glue="big_batch_saving">12</span> % of the time
-# here, because with micro-batches of one sequence the bubble is already small. It would pay
-# only if the model learned as much from 300 billion tokens taken in larger steps, and the
-# slides warn that it may not: very large mini-batches can cost accuracy. Keskar et al.
+# A batch <span data-glue="big_batch_x">8</span> times larger saves
+# <span data-glue="big_batch_saving">12</span> % of the time here, because with micro-batches
+# of one sequence the bubble is already small. It would pay only if the model learned as much
+# from <span data-glue="trained_tokens_b">300</span> billion tokens taken in larger steps, and
+# the slides warn that it may not: very large mini-batches can cost accuracy. Keskar et al.
 # (2017) found that large-batch training tends to reach sharp minima that generalize worse.
 # Goyal et al. (2017) trained ResNet-50 on ImageNet with batches up to 8,192 images without
 # losing accuracy, by scaling the learning rate with the batch and warming it up, and saw
 # accuracy drop beyond that. McCandlish et al. (2018) tie the useful batch size to the noise
 # of the gradient: past a *critical batch size*, doubling the batch no longer halves the
-# number of steps. This chapter's planner counts tokens per second, not what the model
-# learns from them; choosing the batch is a question for the optimizer, not for the cluster.
+# number of steps. This chapter's planner counts tokens per second, not what the model learns
+# from them; choosing the batch is a question for the optimizer, not for the cluster.
 
 # %% [markdown]
 # ### Your model on your cluster
 #
 # The planner takes any model that chapter 01's calculator counts in closed form: one of
 # our GPT configs, a Llama-style config, a preset's name, or a Hugging Face `config.json`
-# (the dict, or the path of the file). Here is Llama-3-8B on 64 GPUs of 80 GB, training on
-# 512 sequences of 8,192 tokens per step. Three things about it change the answer:
+# (the dict, or the path of the file). Here is Llama-3-8B on
+# <span data-glue="llama_gpus">64</span> GPUs of <span data-glue="gpu_gb">80</span> GB,
+# training on <span data-glue="llama_batch">512</span> sequences of
+# <span data-glue="llama_seq">8,192</span> tokens per step. Three things about it change the
+# answer:
 #
-# * grouped-query attention: 32 query heads share 8 key/value heads, so the tensor degree
-#   must divide 8 as well (Megatron-LM can replicate key/value heads beyond that; the
-#   planner does not model it);
-# * its attention is a fused kernel that keeps no T x T probabilities, so at 8,192 tokens
-#   the activations grow with the sequence, not its square;
-# * long sequences make the activations large next to 8 B parameters.
+# * grouped-query attention: <span data-glue="llama_heads">32</span> query heads share
+#   <span data-glue="llama_kv_heads">8</span> key/value heads, so the tensor degree must
+#   divide <span data-glue="llama_kv_heads">8</span> as well (Megatron-LM can replicate
+#   key/value heads beyond that; the planner does not model it);
+# * its attention is a fused kernel that keeps no T x T probabilities, so at
+#   <span data-glue="llama_seq">8,192</span> tokens the activations grow with the sequence,
+#   not its square;
+# * long sequences make the activations large next to
+#   <span data-glue="llama_params_b">8</span> B parameters.
 #
 # `recompute=(None, "full")` tries every layout twice: keeping all activations, and with
 # full recomputation (chapter 06), where each block keeps only its input and runs its
@@ -438,8 +531,17 @@ _ = glue("big_batch_saving", 100 * (1 - days[12288] / days[1536]), ".0f")
 
 # %%
 from parlab.hybrid import table
+from parlab.models import count_parameters, get_config
 
-llama = search("Llama-3-8B", 64, 80, global_batch=512, seq=8192, recompute=(None, "full"))
+llama_gpus, llama_job = 64, dict(global_batch=512, seq=8192)
+llama_config = get_config("Llama-3-8B")
+glue("llama_gpus", llama_gpus)
+glue("llama_batch", llama_job["global_batch"])
+glue("llama_seq", llama_job["seq"], ",")
+glue("llama_heads", llama_config.n_heads)
+glue("llama_kv_heads", llama_config.n_kv_heads)
+glue("llama_params_b", count_parameters(llama_config)["total"] / 1e9, ".0f")
+llama = search("Llama-3-8B", llama_gpus, gpu_gb, **llama_job, recompute=(None, "full"))
 print(llama.summary())
 fastest = {}
 for r in (None, "full"):
@@ -453,14 +555,15 @@ slower = fastest["full"].step_time_s / fastest[None].step_time_s - 1
 print(f"\nthe fastest with full recompute is {100 * slower:.0f} % slower than without")
 
 # %% [markdown]
-# Without recomputation the activations of a few 8,192-token micro-batches decide the
-# layout: a model copy must be spread over several GPUs, by tensor or pipeline
-# parallelism, for them to fit next to the weights, gradients and Adam state. With full
-# recomputation each block keeps only its input, so narrower copies fit and more GPUs go
-# to data parallelism, but every step pays for a second forward pass of every block. On
-# this cluster the memory is there without it, so keeping the activations wins.
-# Recomputation pays when it is the only way to fit, or when what it removes (a pipeline's
-# bubble, all-reduces over a slow link) costs more than the repeated forward pass.
+# Without recomputation the activations of a few
+# <span data-glue="llama_seq">8,192</span>-token micro-batches decide the layout: a model copy
+# must be spread over several GPUs, by tensor or pipeline parallelism, for them to fit next to
+# the weights, gradients and Adam state. With full recomputation each block keeps only its
+# input, so narrower copies fit and more GPUs go to data parallelism, but every step pays for
+# a second forward pass of every block. On this cluster the memory is there without it, so
+# keeping the activations wins. Recomputation pays when it is the only way to fit, or when
+# what it removes (a pipeline's bubble, all-reduces over a slow link) costs more than the
+# repeated forward pass.
 #
 # Your own model goes in the same way. Paste the contents of its `config.json` as a dict
 # (here a copy of the Llama-3-8B preset), or pass the path of the file:
@@ -470,7 +573,7 @@ from parlab.models import HF_PRESETS
 
 # your config.json, as a dict (or its path); here the preset under a name of its own
 my_config = dict(HF_PRESETS["Llama-3-8B"], _name_or_path="my-llama")
-mine = plan(my_config, 64, 80, global_batch=512, seq=8192, recompute=(None, "full"))
+mine = plan(my_config, llama_gpus, gpu_gb, **llama_job, recompute=(None, "full"))
 print(f"{len(mine)} layouts fit; the same as by name: "
       f"{[lay.row() for lay in mine] == [lay.row() for lay in llama.ranked]}")
 print(mine[0].explain())
@@ -478,16 +581,32 @@ print(mine[0].explain())
 # %% [markdown]
 # ## 4. A 3D-parallel job, for real
 #
-# The planner never runs anything. `parlab.hybrid.run_3d` runs the smallest interesting layout:
-# 8 ranks = data 2 x tensor 2 x pipeline 2, on a small GPT built by `parlab.models` (4
-# blocks, d_model 32, 4 heads). Each of the two pipeline stages holds two blocks; inside a
-# stage, attention and MLP are split across two ranks as Megatron does (chapter 04); the
-# stages pass two micro-batches forward and their gradients back with send/recv; the two
-# replicas average their gradients. The ranks sit as the planner places them, on servers of
-# two GPUs like Figure 8-19's:
+# The planner never runs anything. `parlab.hybrid.run_3d` runs the smallest interesting
+# layout: <span data-glue="job_ranks">8</span> ranks = data <span data-glue="job_dp">2</span>
+# x tensor <span data-glue="job_tp">2</span> x pipeline <span data-glue="job_pp">2</span>, on
+# a small GPT built by `parlab.models` (<span data-glue="job_blocks">4</span> blocks, d_model
+# <span data-glue="job_d_model">32</span>, <span data-glue="job_heads">4</span> heads). Each
+# pipeline stage holds <span data-glue="job_stage_blocks">2</span> blocks; inside a stage,
+# attention and MLP are split across the tensor ranks as Megatron does (chapter 04); the
+# stages pass <span data-glue="job_micro">2</span> micro-batches forward and their gradients
+# back with send/recv; the replicas average their gradients. The ranks sit as the planner
+# places them, on servers of <span data-glue="job_per_server">2</span> GPUs like
+# Figure 8-19's:
 
 # %%
-show(placement_figure(2, 2, 2, gpus_per_server=2))
+from parlab.hybrid.parallel3d import CONFIG as tiny_gpt
+
+shape, micro, per_server = dict(dp=2, tp=2, pp=2), 2, 2
+show(placement_figure(**shape, gpus_per_server=per_server))
+for name, degree in shape.items():
+    glue(f"job_{name}", degree)
+glue("job_ranks", math.prod(shape.values()))
+glue("job_blocks", tiny_gpt.n_layers)
+glue("job_d_model", tiny_gpt.d_model)
+glue("job_heads", tiny_gpt.n_heads)
+glue("job_stage_blocks", tiny_gpt.n_layers // shape["pp"])
+glue("job_micro", micro)
+_ = glue("job_per_server", per_server)
 
 # %% [markdown]
 # One SGD step on gloo, then the same on the toy backend. Both must equal one process
@@ -497,8 +616,9 @@ show(placement_figure(2, 2, 2, gpus_per_server=2))
 # %%
 from parlab.hybrid import run_3d
 
-print(run_3d(backend="gloo").report())
-job = run_3d(backend="toy")
+job_setup = dict(shape, microbatches=micro, gpus_per_server=per_server)
+print(run_3d(**job_setup, backend="gloo").report())
+job = run_3d(**job_setup, backend="toy")
 print(job.report())
 
 # %% [markdown]
@@ -512,11 +632,16 @@ from parlab.viz.plots import traffic_3d_figure
 
 print(job.traffic_table())
 show(traffic_3d_figure(job))
+glue("gpt3_d_model", GPT3_175B.d_model, ",")
+_ = glue("best_stage_params_b", count_parameters(GPT3_175B)["total"] / best.pp / 1e9, ".0f")
 
 # %% [markdown]
 # The tensor groups send the most *messages* (four all-reduces per block and micro-batch)
 # but only over NVLink. At GPT-3's size the proportions change (each activation is a whole
-# sequence of 2,048 tokens x 12,288 features, each stage has more than a billion gradients),
+# sequence of <span data-glue="gpt3_seq">2,048</span> tokens x
+# <span data-glue="gpt3_d_model">12,288</span> features, and each stage of the planner's
+# winner holds the gradients of about <span data-glue="best_stage_params_b">11</span> billion
+# parameters),
 # and weighing them is what the planner's time model does.
 #
 # ## 5. Serving needs model parallelism too
@@ -526,20 +651,21 @@ show(traffic_3d_figure(job))
 # not make the model smaller. Serving needs no gradients, no optimizer state and no master
 # weights, but it still needs the weights, and a *key/value cache*: the K and V vectors of
 # every token so far, in every layer, kept so that each new token does not recompute them.
-# `parlab.memory.serving_bytes` counts both for GPT-3 175B in bf16, with sequences of 2,048
-# tokens:
+# `parlab.memory.serving_bytes` counts both for GPT-3 175B in bf16, with sequences of
+# <span data-glue="gpt3_seq">2,048</span> tokens:
 
 # %%
 from parlab import memory
 
 for batch in (1, 8, 32):
-    serving = memory.serving_bytes("GPT-3 175B", batch=batch, seq=2048)
-    print(f"{serving}: at least {serving.gpus(80)} GPUs of 80 GB")
-weights = memory.serving_bytes("GPT-3 175B").weights
-_ = glue("serve_weights_x", weights / 80e9, ".1f")
+    serving = memory.serving_bytes("GPT-3 175B", batch=batch, seq=GPT3_175B.context)
+    print(f"{serving}: at least {serving.gpus(gpu_gb)} GPUs of {gpu_gb} GB")
+weights = memory.serving_bytes("GPT-3 175B", seq=GPT3_175B.context).weights
+_ = glue("serve_weights_x", weights / (gpu_gb * GB), ".1f")
 
 # %% [markdown]
-# The weights alone are <span data-glue="serve_weights_x">4.4</span> times an 80 GB GPU, so
+# The weights alone are <span data-glue="serve_weights_x">4.4</span> times an
+# <span data-glue="gpu_gb">80</span> GB GPU, so
 # GPT-3 cannot answer a single question from one GPU. It is served split, as it is trained:
 # tensor parallelism inside a server keeps each token's latency low, pipeline stages across
 # servers add memory for more weights and longer caches. Serving systems such as vLLM and
