@@ -24,7 +24,7 @@ How a step is traced, for one micro-batch:
 Fake ops follow the CPU kernels (a GPU's attention or RNN kernels may save otherwise). One
 CPU kernel needs help: oneDNN's LSTM keeps a workspace whose size only the oneDNN primitive
 knows (the fake kernel returns an empty one), so :class:`_Workspaces` asks it with a real
-call of that one layer on zeros, at a batch small enough to cost at most about 64 MB, scaled
+call of that one layer on zeros, at a batch small enough to cost at most about 64 MiB, scaled
 linearly in the batch.
 """
 

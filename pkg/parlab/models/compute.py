@@ -130,8 +130,8 @@ def matmul_rates(tokens=(1, 4, 16, 64, 256, 512), k: int = 4096, m: int = 4096,
                  repeats: int = 2, dtype=None) -> list[tuple[int, float]]:
     """``(tokens, GFLOP/s)`` of ``torch.matmul`` on this machine's CPU for ``(tokens x k) @
     (k x m)``: the shape of the roofline, measured (best of ``repeats`` rounds after a warm-up;
-    machine-dependent, and noisy on a busy machine). The default weight, 64 MB in fp32, is
-    larger than a CPU's caches, so a few tokens wait on memory as on a GPU."""
+    machine-dependent, and noisy on a busy machine). The default weight, 64 MiB (67 MB) in
+    fp32, is larger than a CPU's caches, so a few tokens wait on memory as on a GPU."""
     import time
 
     import torch
