@@ -273,14 +273,18 @@ for model, shape in ((BookMLP((64, 256, 256, 10)), (32,)), (small, (4, 64))):
 # ### Against a GPU's 80 GB
 #
 # The bars below use the same calculator for the GPT-2 and smaller GPT-3 sizes in fp32
-# with Adam, all on one GPU, for a batch of 8 sequences of 1024 tokens. At this batch size
+# with Adam, all on one GPU, for a batch of <span data-glue="sizes_batch">8</span> sequences of
+# <span data-glue="sizes_seq">1024</span> tokens. At this batch size
 # one 80 GB GPU stops being enough somewhere between GPT-2 large and GPT-2 XL, and the
 # activations are the largest part.
 
 # %%
 from parlab.viz.plots import model_sizes_figure
 
-show(model_sizes_figure())
+shape = (8, 1024)  # sequences x tokens
+glue("sizes_batch", shape[0])
+glue("sizes_seq", shape[1])
+show(model_sizes_figure(shape))
 
 # %% [markdown]
 # For GPT-3 175B, `memory.min_gpus` searches the (data × tensor × pipeline) splits for the
@@ -307,7 +311,8 @@ print(plan.breakdown.table())
 # The search above fits GPT-3 on <span data-glue="copy_few">64</span> GPUs. Chapter 05's
 # planner puts GPT-3 on <span data-glue="copy_cluster">1,024</span> GPUs and finds nothing with fewer than
 # <span data-glue="copy_planner">128</span> GPUs per copy of the model. Both numbers are right; they answer different questions. The
-# search above trains 8 sequences as a single micro-batch: only one micro-batch is ever in
+# search above trains <span data-glue="copy_small_batch">8</span> sequences as a single
+# micro-batch: only one micro-batch is ever in
 # the pipeline, so the first stage keeps the activations of one, but all but one stage wait
 # at any moment. A real step of GPT-3 trains <span data-glue="copy_batch">1,536</span> sequences and cuts them into many
 # micro-batches so that the stages work at once; under 1F1B (chapter 03) the first stage then
@@ -317,11 +322,12 @@ print(plan.breakdown.table())
 # %%
 from parlab.hybrid import copy_sizes
 
-sizes = copy_sizes("GPT-3 175B", global_batch=1536, gpus=1024)
+sizes = copy_sizes("GPT-3 175B", small_batch=8, global_batch=1536, gpus=1024)
 print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
 for row in sizes:
     print(row.row())
 glue("copy_few", sizes[0].gpus)
+glue("copy_small_batch", 8)
 glue("copy_cluster", 1024, ",")
 glue("copy_batch", 1536, ",")
 glue("copy_planner", sizes[4].gpus)
@@ -382,8 +388,10 @@ llama = from_hf_config(HF_PRESETS["Llama-3-8B"], name="Llama-3-8B")
 print(llama)
 print(f"{count_parameters(llama)['total']:,} parameters")
 job = dict(input_shape=(8, 2048), optimizer="adam", precision="bf16")  # 8 sequences of 2048
-for dp, tp, zero, recompute in ((1, 1, 0, None), (8, 1, 0, None), (8, 1, 3, "full"),
-                                (1, 8, 0, None)):
+n = 8  # GPUs to split over
+glue("llama_gpus", n)
+for dp, tp, zero, recompute in ((1, 1, 0, None), (n, 1, 0, None), (n, 1, 3, "full"),
+                                (1, n, 0, None)):
     b = memory.estimate(llama, **job, dp=dp, tp=tp, zero=zero, recompute=recompute)
     print(f"\ndata {dp} x tensor {tp}, ZeRO stage {zero}, recompute {recompute}: "
           f"fits on one 80 GB GPU? {b.fits}")
@@ -393,10 +401,10 @@ print(memory.min_gpus(llama, **job))
 
 # %% [markdown]
 # On one GPU the model states alone (<span data-glue="bf16_adam_bytes">16</span> bytes per
-# parameter) are more than 80 GB. Over 8
+# parameter) are more than 80 GB. Over <span data-glue="llama_gpus">8</span>
 # data-parallel GPUs each one still holds them all; sharding them (ZeRO stage 3, chapter
 # 06) and recomputing activations (also chapter 06) brings it under. Tensor parallelism
-# over 8 GPUs (chapter 04) divides the weights and most activations instead.
+# over <span data-glue="llama_gpus">8</span> GPUs (chapter 04) divides the weights and most activations instead.
 #
 # The closed form is checked against a trace of the same model. Built on PyTorch's `meta`
 # device it holds no memory, and the trace counts what autograd saves, knowing nothing of

@@ -175,12 +175,14 @@ def _figure_8_1():
 
 
 @figure("fig-01-memory-bar", "Training memory per GPU: GPT-2 and GPT-3 sizes against 80 GB")
-def model_sizes_figure():
-    """Six model sizes in fp32 with Adam, batch 8 x 1024, each on one GPU, against 80 GB."""
+def model_sizes_figure(shape: tuple[int, int] = (8, 1024)):
+    """Six model sizes in fp32 with Adam, ``shape`` = (sequences, tokens) each, each on one
+    GPU, against 80 GB."""
     names = ["GPT-2 small", "GPT-2 medium", "GPT-2 large", "GPT-2 XL", "GPT-3 2.7B",
              "GPT-3 6.7B"]
-    bars = [estimate(CONFIGS[n], (8, 1024), "adam", "fp32") for n in names]
-    return memory_bars(names, bars, "fp32, Adam, batch 8 x 1024 tokens, all on one GPU")
+    bars = [estimate(CONFIGS[n], shape, "adam", "fp32") for n in names]
+    return memory_bars(names, bars, f"fp32, Adam, batch {shape[0]} x {shape[1]} tokens, all on "
+                       "one GPU")
 
 
 @figure("fig-01-gpt3-split", "GPT-3 175B: one GPU against the fewest GPUs that hold it")
