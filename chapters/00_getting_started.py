@@ -24,13 +24,14 @@
 # In this notebook you will:
 #
 # 1. check what your machine offers;
-# 2. start 4 ranks from a cell and get their answers back;
+# 2. start <span data-glue="ranks">4</span> ranks from a cell and get their answers back;
 # 3. watch the four basic collectives move real tensors: `all_reduce`, `all_gather`,
 #    `broadcast`, and point-to-point `send`/`recv`;
 # 4. see what happens when one rank fails, or waits forever;
 # 5. switch to the companion's own "toy" backend and see every byte that travels: who sent
 #    how much to whom, in which step, and what it would cost on a real cluster, then run
-#    any collective on 2 to 8 ranks yourself with an explorer;
+#    any collective on <span data-glue="explorer_min_ranks">2</span> to
+#    <span data-glue="explorer_max_ranks">8</span> ranks yourself with an explorer;
 # 6. solve four small exercises.
 #
 # The later chapters use exactly these operations to build data, pipeline and tensor
@@ -48,6 +49,7 @@ import torch.distributed as dist
 
 from parlab import launch
 from parlab.launch import run
+from parlab.viz import glue
 
 launch.environment()
 
@@ -64,7 +66,9 @@ def hello():
     return f"rank {dist.get_rank()} of {dist.get_world_size()}"
 
 
-run(hello, 4)
+ranks = 4
+glue("ranks", ranks)
+run(hello, ranks)
 
 # %% [markdown]
 # The first launch in a notebook starts a helper process that imports PyTorch once; every
@@ -76,8 +80,8 @@ run(hello, 4)
 import time
 
 start = time.perf_counter()
-run(hello, 4)
-print(f"a 4-rank launch took {time.perf_counter() - start:.3f} s")
+run(hello, ranks)
+print(f"a {ranks}-rank launch took {time.perf_counter() - start:.3f} s")
 
 # %% [markdown]
 # ## 3. The four basic collectives
@@ -178,7 +182,8 @@ except launch.RankError as err:
 
 # %% [markdown]
 # A rank that never makes its collective call is worse: the others would wait forever.
-# Every launch has a `timeout` (60 s by default); here 2 s.
+# Every launch has a `timeout` (<span data-glue="timeout_default">60</span> s by default); here
+# <span data-glue="timeout_here">2</span> s.
 
 # %%
 def forgetful():
@@ -186,8 +191,11 @@ def forgetful():
         dist.all_reduce(torch.ones(1))
 
 
+timeout = 2
+glue("timeout_default", launch.DEFAULT_TIMEOUT, "g")
+glue("timeout_here", timeout, "g")
 try:
-    run(forgetful, 3, timeout=2)
+    run(forgetful, 3, timeout=timeout)
 except launch.RankTimeoutError as err:
     print("still running at the timeout:", err.pending)
     print(str(err).split(". ")[0])
@@ -207,25 +215,32 @@ toy = run(all_reduce_demo, 4, backend="toy")
 print("same result on every rank:", all(torch.equal(g[1], t[1]) for g, t in zip(gloo, toy)))
 
 # %% [markdown]
-# Now a tensor of 16 float32 values (64 bytes), about the gradient of a very small layer.
+# Now a tensor of <span data-glue="tensor_values">16</span> float32 values
+# (<span data-glue="tensor_bytes">64</span> bytes), about the gradient of a very small layer.
 # `run_with_traffic` runs the function with the toy backend and brings back every rank's
 # log, merged so that each message appears once. The default algorithm is the **ring**:
-# the tensor is cut into 4 chunks of 16 bytes; in 3 *reduce-scatter* steps each rank passes
+# the tensor is cut into <span data-glue="ring_chunks">4</span> chunks of
+# <span data-glue="ring_message_bytes">16</span> bytes; in
+# <span data-glue="ring_half_steps">3</span> *reduce-scatter* steps each rank passes
 # a chunk to its right-hand neighbour, which adds its own share, until every rank owns one
-# fully summed chunk; in 3 *all-gather* steps the summed chunks travel once more around the
-# ring.
+# fully summed chunk; in <span data-glue="ring_half_steps">3</span> *all-gather* steps the
+# summed chunks travel once more around the ring.
 
 # %%
 from parlab.comm import run_with_traffic
 
 
-def sum_gradients():
-    grad = torch.full((16,), float(dist.get_rank()))
+def sum_gradients(values):
+    grad = torch.full((values,), float(dist.get_rank()))
     dist.all_reduce(grad)
     return grad[0].item()
 
 
-results, ring = run_with_traffic(sum_gradients, 4, algorithm="ring")
+values = 16
+tensor_bytes = torch.empty(values).nbytes  # float32
+glue("tensor_values", values)
+glue("tensor_bytes", tensor_bytes)
+results, ring = run_with_traffic(sum_gradients, ranks, values, algorithm="ring")
 print("results:", results)
 print(ring.to_pandas().head(8).to_string(index=False))
 print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
@@ -234,23 +249,25 @@ print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
 # The same log as tables: per rank, and per step.
 
 # %%
-from parlab.viz import glue
-
 per_rank = ring.per_rank()
 print(per_rank.to_string())
 print()
 print(ring.per_step().to_string(index=False))
 sent = int(per_rank["sent"].max())
+chunk = sent // int(per_rank["messages sent"].max())
 glue("ring_messages", int(per_rank["messages sent"].max()))
-glue("ring_message_bytes", sent // int(per_rank["messages sent"].max()))
+glue("ring_message_bytes", chunk)
+glue("ring_chunks", tensor_bytes // chunk)
+glue("ring_half_steps", len(ring.per_step()) // 2)
+glue("ring_step_links", int(ring.per_step()["messages"].min()))
 glue("ring_sent", sent)
-glue("ring_ratio", sent / 64, ".1f")
+glue("ring_ratio", sent / tensor_bytes, ".1f")
 
 # %% [markdown]
 # Every rank sends <span data-glue="ring_messages">6</span> messages of
 # <span data-glue="ring_message_bytes">16</span> bytes, <span data-glue="ring_sent">96</span>
-# bytes, which is 2(n-1)/n = <span data-glue="ring_ratio">1.5</span> times the tensor, and
-# every step keeps all four links of the ring busy.
+# bytes, which is `2(n-1)/n` = <span data-glue="ring_ratio">1.5</span> times the tensor, and
+# every step keeps all <span data-glue="ring_step_links">4</span> links of the ring busy.
 
 # %% [markdown]
 # And as a picture: one panel per step, an arrow for each message.
@@ -264,34 +281,54 @@ show(steps_figure(ring, title="ring all_reduce of 64 bytes on 4 ranks", columns=
 # %% [markdown]
 # ### Ring or naive?
 # The **naive** algorithm sends every tensor to rank 0, which adds them up and sends the
-# sum back: only 2 steps, but rank 0 sends and receives (n-1) times the whole tensor.
-# With 4 ranks that is 3 x 64 = <span data-glue="naive_root_sent">192</span> bytes through
-# one network card, against <span data-glue="ring_sent">96</span> for every rank of the
-# ring; with 1,000 GPUs it is
-# 999 times the model, while the ring stays under 2.
+# sum back: only <span data-glue="naive_steps">2</span> steps, but rank 0 sends and receives
+# `(n-1)` times the whole tensor. With <span data-glue="ranks">4</span> ranks that is
+# <span data-glue="naive_factor">3</span> x <span data-glue="tensor_bytes">64</span> =
+# <span data-glue="naive_root_sent">192</span> bytes through one network card, against
+# <span data-glue="ring_sent">96</span> for every rank of the ring; with
+# <span data-glue="many_gpus">1,000</span> GPUs it is <span data-glue="many_naive">999</span>
+# times the gradient, while each rank of the ring sends
+# <span data-glue="many_ring">1.998</span> times it (`2(n-1)/n < 2` for any n).
 
 # %%
-_, naive = run_with_traffic(sum_gradients, 4, algorithm="naive")
+from parlab.comm import allreduce_bytes_per_rank
+
+_, naive = run_with_traffic(sum_gradients, ranks, values, algorithm="naive")
 print(naive.per_rank().to_string())
-glue("naive_root_sent", int(naive.per_rank()["sent"][0]))
+root_sent = int(naive.per_rank()["sent"][0])
+glue("naive_steps", len(naive.per_step()))
+glue("naive_root_sent", root_sent)
+glue("naive_factor", root_sent // tensor_bytes)
+many = 1000  # GPUs; bytes per rank as a multiple of the gradient, rank 0 first
+glue("many_gpus", many, ",")
+glue("many_naive", allreduce_bytes_per_rank(1, many, "naive")[0], ",")
+glue("many_ring", allreduce_bytes_per_rank(1, many, "ring")[0], ".3f")
 show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks, bytes sent"))
 
 # %% [markdown]
 # ### Try it yourself
 # The explorer below runs one collective on real ranks with the toy backend each time you
-# change a setting: which collective, which algorithm, how many ranks (2 to 8) and how many
+# change a setting: which collective, which algorithm, how many ranks
+# (<span data-glue="explorer_min_ranks">2</span> to
+# <span data-glue="explorer_max_ranks">8</span>) and how many
 # float32 values each rank holds. Every rank checks its own answer against the sum or copy
 # it must end up with, and the figure draws each step's messages. Things to look for: a
 # ring all_reduce needs more steps as ranks are added, yet every rank sends about the same
-# number of bytes (exactly the same when the ranks divide the tensor); the naive algorithm needs at most two steps but piles the work on rank 0; a
-# broadcast passed along the ring takes n - 1 steps (exercise 00.4 asks what the tree
-# needs). Without a running kernel you see the default setting: all_gather on a ring of 4
-# ranks.
+# number of bytes (exactly the same when the ranks divide the tensor); the naive algorithm
+# needs at most <span data-glue="naive_steps">2</span> steps but piles the work on rank 0; a
+# broadcast passed along the ring takes `n - 1` steps (exercise 00.4 asks what the tree
+# needs). Without a running kernel you see the default setting: all_gather on a ring of
+# <span data-glue="explorer_ranks">4</span> ranks.
 
 # %%
 from parlab.viz.widgets import collective_explorer
 
-collective_explorer()
+explorer = collective_explorer()
+controls = {control.description: control for control in explorer.widget.children[0].children}
+glue("explorer_ranks", controls["ranks"].value)
+glue("explorer_min_ranks", controls["ranks"].min)
+glue("explorer_max_ranks", controls["ranks"].max)
+explorer
 
 # %% [markdown]
 # ### What it would cost on a real cluster
@@ -299,15 +336,19 @@ collective_explorer()
 # Figure 8-19 (GPUs in servers joined by NVLink; each GPU's network card on a rail switch)
 # and `parlab.comm.traffic` turns messages into time with the alpha-beta model: each message
 # costs a latency alpha plus its bytes divided by the bandwidth, and a step lasts as long as
-# its slowest message. For a 1 GiB gradient and 400 Gb/s network cards, the naive
+# its slowest message. For a <span data-glue="cost_gib">1</span> GiB gradient and
+# <span data-glue="cost_gbps">400</span> Gb/s network cards, the naive
 # algorithm's one busy card makes it slower and slower as GPUs are added; the ring's time
 # hardly grows.
 
 # %%
 from parlab.comm import allreduce_time, nic
 
+gradient, gbps = 2**30, 400
+glue("cost_gib", gradient / 2**30, "g")
+glue("cost_gbps", gbps)
 for n in (2, 8, 64):
-    ring_s, naive_s = (allreduce_time(2**30, n, a, nic(400)) for a in ("ring", "naive"))
+    ring_s, naive_s = (allreduce_time(gradient, n, a, nic(gbps)) for a in ("ring", "naive"))
     print(f"{n:>3} GPUs: ring {ring_s:6.3f} s   naive {naive_s:7.3f} s")
 
 # %% [markdown]
@@ -346,9 +387,9 @@ answer_00_3 = ...
 check("00.3", answer_00_3)
 
 # %% [markdown]
-# **Exercise 00.4.** Rank 0 broadcasts a tensor to 8 ranks. Passed along the ring, it takes
-# 7 steps. How many steps does the **tree** algorithm take? (Predict, then set the explorer
-# above to broadcast, tree, 8 ranks.)
+# **Exercise 00.4.** Rank 0 broadcasts a tensor to 8 ranks, which takes 7 steps when it is
+# passed along the ring: how many steps does the **tree** algorithm take (predict, then set
+# the explorer above to broadcast, tree, 8 ranks)?
 
 # %%
 answer_00_4 = ...

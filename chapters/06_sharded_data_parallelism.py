@@ -26,8 +26,8 @@
 #
 # 1. count what a data-parallel GPU holds, and what each ZeRO stage removes;
 # 2. cut a layer into equal shards, the unit that everything here moves;
-# 3. run ZeRO stages 0 to 3, written by hand, on 2 and 4 real ranks, and check each
-#    against one process training alone, step by step;
+# 3. run ZeRO stages 0 to 3, written by hand, on <span data-glue="stage_ranks">2 and 4</span>
+#    real ranks, and check each against one process training alone, step by step;
 # 4. measure the bytes each rank holds, against the ZeRO paper's formula;
 # 5. log every byte each rank sends, against the closed forms, collective by collective;
 # 6. run PyTorch's own FSDP (`fully_shard`) on the same problem and compare;
@@ -44,25 +44,33 @@ import torch
 from parlab import sharded
 from parlab.launch import preload
 from parlab.memory import model_state_bytes
-from parlab.viz import show
+from parlab.viz import glue, show
 
 _ = preload("torch.optim", "torch.distributed.fsdp")   # import once, not in every rank
+per_parameter = model_state_bytes(1, "adam", "bf16")   # the bytes of one parameter
+glue("bf16_weight", per_parameter.parameters)
+glue("bf16_gradient", per_parameter.gradients)
+glue("bf16_k", per_parameter.master_weights + per_parameter.optimizer_state)
+glue("bf16_total", per_parameter.total)
 
 # %% [markdown]
 # ## 1. What a data-parallel GPU holds
 #
 # Call the number of parameters Ψ. Trained in mixed precision with Adam, each parameter
-# costs 2 bytes of bf16 weight, 2 bytes of bf16 gradient, and K = 12 bytes the optimizer
-# keeps in fp32: a master copy of the weight and Adam's two moments (chapter 01 lists the
-# same parts). That is 16 Ψ bytes, and plain data parallelism keeps all 16 on every GPU.
-# ZeRO splits them over the N data-parallel GPUs, one kind more per stage:
+# costs <span data-glue="bf16_weight">2</span> bytes of bf16 weight,
+# <span data-glue="bf16_gradient">2</span> bytes of bf16 gradient, and K =
+# <span data-glue="bf16_k">12</span> bytes the optimizer keeps in fp32: a master copy of the
+# weight and Adam's two moments (chapter 01 lists the same parts). That is
+# <span data-glue="bf16_total">16</span> Ψ bytes, and plain data parallelism keeps all
+# <span data-glue="bf16_total">16</span> on every GPU. ZeRO splits them over the N
+# data-parallel GPUs, one kind more per stage:
 #
 # | stage | split over the N GPUs | bytes per GPU |
 # |---|---|---|
-# | 0 (plain data parallelism) | nothing | (2 + 2 + K) Ψ |
-# | 1 | optimizer state (with the master copy) | 2Ψ + 2Ψ + KΨ/N |
-# | 2 | and gradients | 2Ψ + (2 + K)Ψ/N |
-# | 3 | and parameters | (2 + 2 + K)Ψ/N |
+# | 0 (plain data parallelism) | nothing | `(2 + 2 + K) Ψ` |
+# | 1 | optimizer state (with the master copy) | `2Ψ + 2Ψ + KΨ/N` |
+# | 2 | and gradients | `2Ψ + (2 + K)Ψ/N` |
+# | 3 | and parameters | `(2 + 2 + K)Ψ/N` |
 #
 # **Exercise 06.1 (predict first).** The ZeRO paper's worked example is a 7.5 B model on 64
 # GPUs. Before you run the next cell, work out the GB per GPU under stage 2.
@@ -84,7 +92,8 @@ for stage in range(4):
 
 # %% [markdown]
 # The paper prints 120, 31.4, 16.6 and 1.9 GB: the same numbers, rounded. Stage 1 alone
-# removes most of the memory, because the optimizer's K bytes are most of the 16.
+# removes most of the memory, because the optimizer's K bytes are most of the
+# <span data-glue="bf16_total">16</span>.
 #
 # ## 2. A layer cut into equal shards
 #
@@ -93,12 +102,14 @@ for stage in range(4):
 # Equal shards are what the two collectives of this chapter need: an **all-gather** puts
 # every rank's shard into everyone's full buffer, a **reduce-scatter** sums a full buffer
 # over the ranks and hands each rank only its own slice of the sum. FSDP pads the same way.
-# A `Linear(3, 3)` over 5 ranks, whose parameters do not divide by 5, shows the padding:
+# A `Linear(3, 3)` over <span data-glue="pad_ranks">5</span> ranks, whose parameters do not
+# divide by <span data-glue="pad_ranks">5</span>, shows the padding:
 
 # %%
-layer = torch.nn.Linear(3, 3)
-for rank in range(5):
-    shard = sharded.FlatShard(layer, rank=rank, world_size=5, own_shard=True)
+layer, world = torch.nn.Linear(3, 3), 5
+glue("pad_ranks", world)
+for rank in range(world):
+    shard = sharded.FlatShard(layer, rank=rank, world_size=world, own_shard=True)
     print(f"rank {rank}: elements {rank * shard.shard_numel:2d} to "
           f"{(rank + 1) * shard.shard_numel - 1:2d}, of which real: {shard.values().numel()}")
 print(f"{shard.numel} parameters padded to {shard.padded}")
@@ -106,9 +117,11 @@ print(f"{shard.numel} parameters padded to {shard.padded}")
 # %% [markdown]
 # ## 3. ZeRO stages 0 to 3 on real ranks
 #
-# The problem: an MLP of three `nn.Linear` layers (16 → 32 → 32 → 8, Tanh between), Adam,
-# three steps on fresh data, the batch of 16 samples split evenly over the ranks. Each
-# stage is written out in `parlab.sharded.zero`, about a hundred lines:
+# The problem: an MLP of <span data-glue="mlp_layers">3</span> `nn.Linear` layers
+# (<span data-glue="mlp_sizes">16 → 32 → 32 → 8</span>, Tanh between), Adam,
+# <span data-glue="mlp_steps">3</span> steps on fresh data, the batch of
+# <span data-glue="mlp_samples">16</span> samples split evenly over the ranks. Each stage is
+# written out by hand in `parlab.sharded.zero`:
 #
 # * **stage 0**: plain data parallelism; after backward, each layer's gradient is
 #   all-reduced;
@@ -122,22 +135,29 @@ print(f"{shard.numel} parameters padded to {shard.padded}")
 #   forward and frees it after; another gathers it again just before its backward; its
 #   gradient is then reduce-scattered and the layer freed again.
 #
-# `stage_table` runs every stage on 2 and 4 ranks with the toy backend (gloo underneath,
-# every message logged), then PyTorch's FSDP2 on the same problem, and checks each run
-# three ways. This is the one slow cell of the chapter.
+# `stage_table` runs every stage on <span data-glue="stage_ranks">2 and 4</span> ranks with
+# the toy backend (gloo underneath, every message logged), then PyTorch's FSDP2 on the same
+# problem, and checks each run three ways. This is the one slow cell of the chapter.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-table = sharded.stage_table(world_sizes=(2, 4), progress=True)
+problem, world_sizes = sharded.ShardSpec(), (2, 4)
+table = sharded.stage_table(world_sizes=world_sizes, spec=problem, progress=True)
 
 # %% [markdown]
 # First, do they train the same model as one process? `max difference` is the largest
-# gap, over all three steps, between the parameters (and the loss) of the sharded run and
-# those of one process training on the whole batch with `torch.optim.Adam`:
+# gap, over all <span data-glue="mlp_steps">3</span> steps, between the parameters (and the
+# loss) of the sharded run and those of one process training on the whole batch with
+# `torch.optim.Adam`:
 
 # %%
 print(table[["run", "ranks", "max difference"]].to_string(index=False,
       formatters={"max difference": lambda v: "< 1e-6" if v < 1e-6 else f"{v:.1e}"}))
+glue("stage_ranks", " and ".join(str(n) for n in world_sizes))
+glue("mlp_layers", len(problem.sizes) - 1)
+glue("mlp_sizes", " → ".join(str(n) for n in problem.sizes))
+glue("mlp_steps", problem.steps)
+glue("mlp_samples", problem.samples)
 
 # %% [markdown]
 # All of them agree to float rounding. That is no accident: Adam (and SGD) act on each
@@ -149,26 +169,28 @@ print(table[["run", "ranks", "max difference"]].to_string(index=False,
 #
 # After the last backward pass, each rank counted the bytes it held of each kind (distinct
 # storages, so a view is not counted twice; a freed layer counts zero). The formula is
-# `model_state_bytes` in fp32, where Adam has no master copy, so K = 8 here:
+# `model_state_bytes` in fp32, where Adam has no master copy, so K =
+# <span data-glue="fp32_k">8</span> here:
 
 # %%
 from parlab.viz.plots import zero_memory_figure
 
-print(f"{sharded.ShardSpec().parameters:,} parameters, {4 * sharded.ShardSpec().parameters:,} "
-      f"bytes in fp32")
+print(f"{problem.parameters:,} parameters, {4 * problem.parameters:,} bytes in fp32")
+fp32 = model_state_bytes(1, "adam", "fp32")
+glue("fp32_k", fp32.master_weights + fp32.optimizer_state)
 print(table[["run", "ranks", "parameters", "gradients", "optimizer_state", "held",
              "formula"]].to_string(index=False))
 show(zero_memory_figure(table))
 
 # %% [markdown]
 # Every rank held exactly what the formula says, at every stage (black ticks). The layer
-# sizes divide by 2 and 4, so there is no padding here; with padding, each rank holds up to
-# one element more per layer.
+# sizes divide by <span data-glue="stage_ranks">2 and 4</span>, so there is no padding here;
+# with padding, each rank holds up to one element more per layer.
 #
 # ## 5. What each rank sends
 #
 # **Exercise 06.2 (predict first).** Stage 3 gathers every layer twice and scatters its
-# gradient once. As a multiple of the parameter bytes P, how much does each of 4 ranks
+# gradient once: as a multiple of the parameter bytes P, how much does each of 4 ranks
 # send per step?
 
 # %%
@@ -194,18 +216,21 @@ glue("zero3_ratio", sent[("ZeRO-3", 4)] / sent[("ZeRO-0", 4)], ".2f")
 # <span data-glue="zero3_ratio">1.50</span> times as much. FSDP2 sends the same bytes as
 # our stage 3.
 #
-# The order of one ZeRO-3 step, on 2 ranks, collective by collective (the log's call
-# numbers matched with what each rank was doing):
+# The order of one ZeRO-3 step, on <span data-glue="timeline_ranks">2</span> ranks,
+# collective by collective (the log's call numbers matched with what each rank was doing):
 
 # %%
-spec = sharded.ShardSpec(steps=1)
-one_step = sharded.train(3, 2, spec, backend="toy").collectives()
+spec, timeline_ranks = sharded.ShardSpec(steps=1), 2
+one_step = sharded.train(3, timeline_ranks, spec, backend="toy").collectives()
 print(one_step.to_string(index=False))
 show(zero3_timeline_figure(one_step, len(spec.sizes) - 1))
+glue("timeline_ranks", timeline_ranks)
+forward = one_step[(one_step.phase == "forward") & (one_step.collective == "all_gather")]
+glue("forward_layers", ", ".join(str(layer) for layer in forward.layer))
 
 # %% [markdown]
-# The forward pass gathers layers 0, 1, 2 in order. The backward pass starts from the
-# last layer: gather, compute the gradients, reduce-scatter them, free the layer, and move
+# The forward pass gathers layers <span data-glue="forward_layers">0, 1, 2</span> in order.
+# The backward pass starts from the last layer: gather, compute the gradients, reduce-scatter them, free the layer, and move
 # on. At any moment only one layer is whole, which is why stage 3 can hold models far
 # larger than one GPU. The last layer is gathered twice in a row; frameworks keep the last
 # layer after forward to save that gather.
@@ -232,15 +257,19 @@ print(table[table.stage == 3][["run", "ranks", "max difference", "held", "sent p
 #
 # The same formulas for the paper's 7.5 B model, bf16 with Adam, as the data-parallel GPUs
 # grow. Left, the model states per GPU; right, the seconds per step spent sending (ring
-# collectives on a 400 Gb/s NIC) against the compute of each GPU's share of a fixed global
-# batch of about 4 M tokens:
+# collectives on a <span data-glue="scaling_gbps">400</span> Gb/s NIC) against the compute of
+# each GPU's share of a fixed global batch of
+# <span data-glue="global_tokens">4,194,304</span> tokens:
 
 # %%
 from parlab.viz.plots import zero_scaling_figure
 
-scaling = sharded.zero_scaling(7.5e9)
+gbps = 400
+glue("scaling_gbps", gbps)
+glue("global_tokens", sharded.GLOBAL_TOKENS, ",")
+scaling = sharded.zero_scaling(7.5e9, gbps=gbps)
 print(scaling[scaling.gpus.isin([8, 64, 1024])].round(3).to_string(index=False))
-fine = sharded.zero_scaling(7.5e9, gpus=range(8, 2049, 8))
+fine = sharded.zero_scaling(7.5e9, gpus=range(8, 2049, 8), gbps=gbps)
 for stage, rows in fine.groupby("stage"):
     slower = rows[rows["comm s"] > rows["compute s"]].gpus
     print(f"stage {stage}: sending outlasts computing from {slower.min()} GPUs on")
@@ -248,11 +277,11 @@ show(zero_scaling_figure(scaling, 7.5e9))
 
 # %% [markdown]
 # * Stages 1 and 2 level off: the parts they do not split (bf16 parameters, and for stage 1
-#   the gradients) stay on every GPU. Only stage 3 keeps falling as 1/N.
-# * The bytes each GPU sends barely change with N (the (N−1)/N factor tends to 1), but each
-#   GPU's share of the compute shrinks as 1/N. From the GPU counts printed above on, a step
-#   spends more time sending than computing unless the two overlap; stage 3, with half as
-#   much traffic again, crosses over with fewer GPUs.
+#   the gradients) stay on every GPU. Only stage 3 keeps falling as `1/N`.
+# * The bytes each GPU sends barely change with N (the factor `(N−1)/N` tends to `1`), but
+#   each GPU's share of the compute shrinks as `1/N`. From the GPU counts printed above on, a
+#   step spends more time sending than computing unless the two overlap; stage 3, sending
+#   <span data-glue="zero3_ratio">1.50</span> times as much, crosses over with fewer GPUs.
 #
 # **Exercise 06.3 (a small computation).** A 70 B model, bf16 with Adam, ZeRO stage 3, on
 # 80 GB GPUs: counting model states only, what is the fewest data-parallel GPUs on which it
@@ -277,8 +306,9 @@ check("06.4", ...)
 
 # %% [markdown]
 # Now measure it. `measure_recompute` runs one forward and backward pass of chapter 01's tiny
-# GPT (2 blocks, 4 sequences of 16 tokens, fp32) twice: as it is, and with every block
-# wrapped in `torch.utils.checkpoint`. Bytes come from a tracker of every storage an op
+# GPT (<span data-glue="tiny_blocks">2</span> blocks, <span data-glue="tiny_batch">4</span>
+# sequences of <span data-glue="tiny_tokens">16</span> tokens, fp32) twice: as it is, and with
+# every block wrapped in `torch.utils.checkpoint`. Bytes come from a tracker of every storage an op
 # creates and frees (autograd's saved-tensor hooks see nothing inside a checkpoint), FLOPs
 # from PyTorch's `FlopCounterMode`:
 
@@ -286,37 +316,47 @@ check("06.4", ...)
 from parlab.memory import estimate, measure_recompute, recompute_flops
 from parlab.models import build_model, get_config
 
-tiny = get_config("tiny")
+tiny, (b, t) = get_config("tiny"), (4, 16)
 g = torch.Generator().manual_seed(0)
-tokens, targets = (torch.randint(0, tiny.vocab, (4, 16), generator=g) for _ in range(2))
+tokens, targets = (torch.randint(0, tiny.vocab, (b, t), generator=g) for _ in range(2))
 model = build_model(tiny, seed=0)
 runs = {r: measure_recompute(model, tokens, targets, recompute=r)
         for r in (None, "selective", "full")}
+gaps = []
 for r, m in runs.items():
     held = m.activations + m.input_bytes + m.recomputed   # what the estimate counts
-    predicted = estimate(tiny, (4, 16), "sgd", recompute=r).activations
+    predicted = estimate(tiny, (b, t), "sgd", recompute=r).activations
+    gaps.append(held - predicted)
     print(f"recompute={str(r):9s}: kept {m.activations:>7,} B + token ids {m.input_bytes:,} B "
           f"+ one block rebuilt {m.recomputed:>7,} B = {held:>7,} B (estimate {predicted:>7,}"
           f" B); peak {m.peak:>7,} B; FLOPs {m.flops:>10,}")
 same = all(torch.equal(runs[None].grads[k], runs[r].grads[k])
            for k in runs[None].grads for r in ("selective", "full"))
-b, t, d = 4, 16, tiny.d_model
+d = tiny.d_model
 print(f"gradients identical: {same}; full: FLOPs ratio {runs['full'].flops / runs[None].flops:.3f}, "
       f"extra FLOPs = the blocks' forward FLOPs: "
       f"{runs['full'].flops - runs[None].flops == runs[None].layer_forward_flops}")
 print(f"selective: extra FLOPs {runs['selective'].flops - runs[None].flops:,} = "
       f"QK^T and PV again, 4·b·T²·d per block: {4 * b * t * t * d * tiny.n_layers:,}")
+glue("tiny_blocks", tiny.n_layers)
+glue("tiny_batch", b)
+glue("tiny_tokens", t)
+glue("full_flops_ratio", runs["full"].flops / runs[None].flops, ".3f")
+glue("loss_scalar_bytes", max(gaps))
 
 # %% [markdown]
 # With full recomputation each block keeps only its input; during backward one block at a
 # time is rebuilt, so the peak falls by less than the kept activations do. The FLOPs grow by
-# exactly the blocks' forward work; the ratio is a little under 4/3 because the output layer
-# is not recomputed. Chapter 01's calculator, given `recompute=`, predicts those bytes to
-# within the 4-byte loss scalar, which is alive but never saved for backward.
+# exactly the blocks' forward work; the ratio, <span data-glue="full_flops_ratio">1.299</span>,
+# is a little under `4/3` because the output layer is not recomputed. Chapter 01's
+# calculator, given `recompute=`, predicts those bytes to within the
+# <span data-glue="loss_scalar_bytes">4</span>-byte loss scalar, which is alive but never
+# saved for backward.
 #
 # *Selective* recomputation re-runs only each block's attention core, softmax(QK^T/√d)·V:
-# its extra FLOPs are exactly the two matrix products again. Here, at 16 tokens, it saves
-# little, because the probabilities it drops (b·h·T² per block) are small next to the rest;
+# its extra FLOPs are exactly the two matrix products again. Here, at
+# <span data-glue="tiny_tokens">16</span> tokens, it saves little, because the probabilities
+# it drops (`b·h·T²` per block) are small next to the rest;
 # they grow with the square of the sequence. The checkpoint keeps the core's inputs Q, K
 # and V as the projections made them (as many bytes as the head copies the core no longer
 # keeps), and the core, rebuilt during the backward pass, holds its probabilities and mask
@@ -324,16 +364,18 @@ print(f"selective: extra FLOPs {runs['selective'].flops - runs[None].flops:,} = 
 # calculator counts exactly these, so its selective estimate also matches the measurement
 # to within the loss scalar.
 #
-# At scale the effect is large. GPT-3 6.7B, one sequence of 2048 tokens, bf16: activations
+# At scale the effect is large. GPT-3 6.7B, one sequence of
+# <span data-glue="big_tokens">2,048</span> tokens, bf16: activations
 # per GPU with no recomputation, with *selective* recomputation (Korthikanti et al., 2022:
-# recompute only the attention core, whose b·h·T² softmax probabilities dominate at long
+# recompute only the attention core, whose `b·h·T²` softmax probabilities dominate at long
 # sequences) and with full recomputation, and the compute each adds:
 
 # %%
-big = get_config("GPT-3 6.7B")
+big, big_tokens = get_config("GPT-3 6.7B"), 2048
+glue("big_tokens", big_tokens, ",")
 for r in (None, "selective", "full"):
-    act = estimate(big, (1, 2048), "adam", "bf16", recompute=r).activations
-    extra = recompute_flops(big, 2048, recompute=r).fraction
+    act = estimate(big, (1, big_tokens), "adam", "bf16", recompute=r).activations
+    extra = recompute_flops(big, big_tokens, recompute=r).fraction
     print(f"recompute={str(r):9s} activations {act / 1e9:6.2f} GB, extra compute {100 * extra:5.1f} %")
 
 # %% [markdown]
@@ -341,14 +383,16 @@ for r in (None, "selective", "full"):
 #
 # Sharding the model states is not a rival to chapter 05's data, tensor and pipeline
 # split: it applies to the data-parallel replicas of any layout. Chapter 05's planner takes
-# the stage as `zero=`. GPT-3 175B on 1024 H100s, the fastest layout that fits for each
-# stage:
+# the stage as `zero=`. GPT-3 175B on <span data-glue="plan_gpus">1,024</span> H100s, the
+# fastest layout that fits for each stage:
 
 # %%
 from parlab.hybrid import plan
 
+plan_gpus = 1024
+glue("plan_gpus", plan_gpus, ",")
 for stage in range(4):
-    layouts = plan("GPT-3 175B", 1024, zero=stage)
+    layouts = plan("GPT-3 175B", plan_gpus, zero=stage)
     print(f"stage {stage}: {len(layouts):2d} layouts fit; fastest: {str(layouts[0]).strip()}")
 
 # %% [markdown]
@@ -359,13 +403,15 @@ for stage in range(4):
 # ## 10. Explore
 #
 # Any preset, any number of data-parallel GPUs, any stage, with or without recomputation:
-# bars for the four stages per GPU (model states and activations, one 2048-token sequence
-# per GPU), and what the chosen stage sends per step against the compute it has to hide
+# bars for the four stages per GPU (model states and activations, one
+# <span data-glue="explorer_tokens">2,048</span>-token sequence per GPU), and what the chosen stage sends per step against the compute it has to hide
 # behind (recomputation included).
 
 # %%
 from parlab.viz.widgets import zero_explorer
+from parlab.viz.widgets.sharded import SEQ
 
+glue("explorer_tokens", SEQ, ",")
 zero_explorer()
 
 # %% [markdown]
@@ -374,8 +420,8 @@ zero_explorer()
 # **Exercise 06.5 (write code).** A ring all-reduce is a reduce-scatter followed by an
 # all-gather. Write `all_reduce_in_halves(t)` that sums a 1-D tensor `t` in place over all
 # ranks using only `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`. The
-# checker runs it on 2 and 4 ranks with the toy backend and compares both the sum and the
-# bytes on the wire with a ring all-reduce's.
+# checker runs it on more than one number of ranks with the toy backend and compares both
+# the sum and the bytes on the wire with a ring all-reduce's.
 
 # %%
 import torch.distributed as dist

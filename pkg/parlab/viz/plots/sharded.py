@@ -43,10 +43,14 @@ def zero_memory_figure(table, ranks: int = 4):
 
 
 def zero_traffic_figure(table):
-    """Bytes each rank sent per step, per run and world size, with the closed forms."""
+    """Bytes each rank sent per step, per run and world size, with the closed forms.
+
+    One legend for all panels, below them (outside every axes), so that it never covers a bar
+    whatever their heights.
+    """
     sizes = sorted(table.ranks.unique())
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.4), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), sharey=True,
+                             squeeze=False, layout="constrained")
     for ax, n in zip(axes[0], sizes):
         rows = table[table.ranks == n].reset_index(drop=True)
         colors = [STAGE_COLORS[s] for s in rows.stage]
@@ -55,10 +59,10 @@ def zero_traffic_figure(table):
                    zorder=3, label="closed form 2 or 3 × (N−1)/N × P")
         ax.set_xticks(range(len(rows)), rows.run, rotation=30)
         ax.set_title(f"{n} ranks")
-        ax.legend(fontsize=8, loc="upper left")
     axes[0][0].set_ylabel("bytes each rank sends per step")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize=8, frameon=False)
     fig.suptitle("Traffic per rank and step (toy backend's log)")
-    fig.tight_layout()
     return fig
 
 
