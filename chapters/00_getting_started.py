@@ -324,10 +324,10 @@ show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks,
 from parlab.viz.widgets import collective_explorer
 
 explorer = collective_explorer()
-controls = {control.description: control for control in explorer.widget.children[0].children}
-glue("explorer_ranks", controls["ranks"].value)
-glue("explorer_min_ranks", controls["ranks"].min)
-glue("explorer_max_ranks", controls["ranks"].max)
+ranks_slider = explorer.controls["ranks"]
+glue("explorer_ranks", ranks_slider.value)
+glue("explorer_min_ranks", ranks_slider.min)
+glue("explorer_max_ranks", ranks_slider.max)
 explorer
 
 # %% [markdown]

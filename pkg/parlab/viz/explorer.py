@@ -33,11 +33,16 @@ def _png(fig):
 
 
 class Explorer:
-    """A widget with a fixed plain-text representation (what nbval and text readers see)."""
+    """A widget with a fixed plain-text representation (what nbval and text readers see).
 
-    def __init__(self, widget, description: str):
+    ``controls`` maps each argument of the drawing function to its control, so a chapter can
+    quote a control's default or range (``explorer.controls["ranks"].max``).
+    """
+
+    def __init__(self, widget, description: str, controls: dict | None = None):
         self.widget = widget
         self.description = description
+        self.controls = dict(controls or {})
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs) or {}
@@ -86,4 +91,4 @@ def explore(draw: Callable, controls: dict, description: str, static: bool = Tru
     if not static:
         render(out)
     box = w.VBox([w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), out])
-    return Explorer(box, description)
+    return Explorer(box, description, controls)
