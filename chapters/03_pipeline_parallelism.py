@@ -27,13 +27,16 @@
 # 2. let a simulator rebuild the chapter's step-by-step table from it (and find where the
 #    text slips);
 # 3. slide through the eleven time steps (Figures 8-3 to 8-13);
-# 4. run the schedule for real on four ranks and compare the ranks' logs with the table,
-#    and their gradients with ordinary one-process training; then look at the run's real
-#    timeline, as Perfetto shows it;
+# 4. run the schedule for real on <span data-glue="s4_ranks">4</span> ranks and compare the
+#    ranks' logs with the table, and their gradients with ordinary one-process training;
+#    then look at the run's real timeline, as Perfetto shows it;
 # 5. compare the schedules that came after the book's: GPipe, 1F1B, interleaved 1F1B;
-# 6. run two pipelines side by side with their gradients synchronized (Figure 8-14);
+# 6. run <span data-glue="hyb_replicas">2</span> pipelines side by side on
+#    <span data-glue="hyb_ranks">8</span> ranks, with their gradients synchronized
+#    (Figure 8-14);
 # 7. run the same model with PyTorch's own `torch.distributed.pipelining`;
-# 8. solve four exercises.
+# 8. along the way, predict three numbers before the notebook prints them (exercises 03.1
+#    to 03.3, in section 5), and at the end write a schedule of your own (03.4).
 
 # %% [markdown]
 # ## 1. A schedule is a table
@@ -50,15 +53,25 @@
 # each as soon as its input has arrived, and at most one of each per step.
 
 # %%
-from parlab.pipeline import describe_step, errata, schedule, simulate
+from parlab.pipeline import describe_step, doubled_steps, errata, schedule, simulate
+from parlab.viz import glue
 
 book = schedule("book", stages=4, microbatches=4)
 print(book)
+doubled = doubled_steps(book)
+print("\nsteps in which a rank runs two actions:", doubled)
+
+# %%
+glue("s1_b2_first", doubled[3][0])
+glue("s1_b2_last", doubled[3][-1])
+_ = glue("s1_b1_step", doubled[2][0])
 
 # %% [markdown]
 # Two ranks double up. B2 (rank 3) computes the model output of one micro-batch and the
-# error of the previous one in the same step, from step 5 to step 7. B1 (rank 2) does the
-# same once, in step 6: its last forward pass, and the first error that came back from B2.
+# error of the previous one in the same step, from step <span data-glue="s1_b2_first">5</span>
+# to step <span data-glue="s1_b2_last">7</span>. B1 (rank 2) does the same once, in step
+# <span data-glue="s1_b1_step">6</span>: its last forward pass, and the first error that came
+# back from B2.
 # The same table is also available as a dict, `book.pipeline_order`, in the form PyTorch
 # uses: `{rank: [action, (action, action), None, ...]}`.
 #
@@ -108,19 +121,32 @@ print(describe_step(sim, 5))
 #
 # The package also stores the lists the chapter prints for each step, as data.
 # `errata` compares them with the simulated table. Everything the GPUs *compute* agrees,
-# and so do the percentages. Three *communication* lists do not:
+# and so do the percentages. <span data-glue="err_count">3</span> *communication* lists do
+# not:
 
 # %%
 for erratum in errata(sim):
     print(erratum)
 
+# %%
+slips = [e.step for e in errata(sim)]
+glue("err_count", len(slips))
+glue("err_b3", slips[0])
+glue("err_repeat", slips[1])
+glue("err_repeat_prev", slips[1] - 1)
+glue("err_e1", slips[2])
+_ = glue("err_e1_next", slips[2] + 1)
+
 # %% [markdown]
-# * **Step 2**: the text sends y1 from A2 "to B3". There is no B3 in this pipeline; B1 is
-#   meant.
-# * **Step 4**: the text repeats step 3's list (y3, y2, y1). In step 4 the activations that
-#   move are y4, y3 and y2.
-# * **Step 6**: B1 computes the error E1 in step 6 and A2 uses it in step 7, so B1 must send
-#   E1 to A2 in step 6. The text leaves this transfer out.
+# * **Step <span data-glue="err_b3">2</span>**: the text sends y1 from A2 "to B3". There is no
+#   B3 in this pipeline; B1 is meant.
+# * **Step <span data-glue="err_repeat">4</span>**: the text repeats step
+#   <span data-glue="err_repeat_prev">3</span>'s list (y3, y2, y1). In step
+#   <span data-glue="err_repeat">4</span> the activations that move are y4, y3 and y2.
+# * **Step <span data-glue="err_e1">6</span>**: B1 computes the error E1 in step
+#   <span data-glue="err_e1">6</span> and A2 uses it in step
+#   <span data-glue="err_e1_next">7</span>, so B1 must send E1 to A2 in step
+#   <span data-glue="err_e1">6</span>. The text leaves this transfer out.
 
 # %% [markdown]
 # ## 3. Figures 8-3 to 8-13, step by step
@@ -137,21 +163,24 @@ from parlab.viz.widgets import step_explorer
 step_explorer()
 
 # %% [markdown]
-# Step 6 is the busiest step for B1, and it is the one with the missing transfer:
+# Step <span data-glue="s1_b1_step">6</span>, in which B1 runs two actions, is also the step
+# with the missing transfer:
 
 # %%
 from parlab.viz import show
 from parlab.viz.plots import step_figure
 
-show(step_figure(sim, 6))
+show(step_figure(sim, doubled[2][0]))
 
 # %% [markdown]
 # ## 4. Run it for real
 #
 # `execute` starts one process per stage. Each rank builds its layer of the chapter's
-# network: 3 inputs, three hidden layers of 4 sigmoid neurons, and 2 outputs. The weights
-# come from a fixed seed. Then the rank follows its row of the schedule. Activations and
-# errors travel with `dist.send` / `dist.recv`. In each step's communication phase every
+# network: <span data-glue="net_inputs">3</span> inputs, <span data-glue="net_hidden">3</span>
+# hidden layers of <span data-glue="net_width">4</span> sigmoid neurons, and
+# <span data-glue="net_outputs">2</span> outputs. The weights come from a fixed seed. Then
+# the rank follows its row of the schedule. Activations and errors travel with
+# `dist.send` / `dist.recv`. In each step's communication phase every
 # rank walks the same ordered list of transfers, so two ranks that send to each other in
 # the same step cannot deadlock.
 #
@@ -159,7 +188,8 @@ show(step_figure(sim, 6))
 #
 # * the log must equal the simulated table, action by action and transfer by transfer;
 # * the gradients must equal those of a single process that trains the whole network on
-#   the whole batch of 8 samples (4 micro-batches of 2).
+#   the whole batch of <span data-glue="net_samples">8</span> samples
+#   (<span data-glue="net_mb">4</span> micro-batches of <span data-glue="net_mb_size">2</span>).
 
 # %%
 from parlab.pipeline import execute
@@ -169,10 +199,21 @@ print(run.report())
 print()
 print(run.log_text(2))
 
+# %%
+glue("s4_ranks", run.simulation.schedule.stages)
+glue("net_inputs", run.net.widths[0])
+glue("net_hidden", len(run.net.widths) - 2)
+glue("net_width", run.net.widths[1])
+glue("net_outputs", run.net.widths[-1])
+glue("net_samples", run.net.samples)
+glue("net_mb", book.microbatches)
+_ = glue("net_mb_size", run.net.samples // book.microbatches)
+
 # %% [markdown]
-# The loss is the squared error averaged over all 8 samples. Each micro-batch adds its
-# share, so the four backward passes add up to exactly the gradient of the whole batch.
-# GPipe and 1F1B (next section) also run on the same four ranks:
+# The loss is the squared error averaged over all <span data-glue="net_samples">8</span>
+# samples. Each micro-batch adds its share, so the backward passes of the micro-batches add
+# up to exactly the gradient of the whole batch.
+# GPipe and 1F1B (next section) also run on the same ranks:
 
 # %%
 runs = {name: execute(schedule(name, stages=4, microbatches=4)) for name in ("gpipe", "1f1b")}
@@ -185,9 +226,10 @@ for name, other in runs.items():
 # The package's *toy* backend (chapter 00's collectives, built on point-to-point messages)
 # logs every message a rank sends. Run the book's schedule on it, and the messages of each
 # time step should be exactly that step's communication list: the same pairs of GPUs, and
-# each message the size of one micro-batch's activation or error (2 samples x 4 values x 4
-# bytes). That includes step 6's E1 from B1 to A2, the transfer the chapter's text leaves
-# out.
+# each message the size of one micro-batch's activation or error
+# (<span data-glue="net_mb_size">2</span> samples x <span data-glue="net_width">4</span>
+# values x 4 bytes). That includes step <span data-glue="err_e1">6</span>'s E1 from B1 to
+# A2, the transfer the chapter's text leaves out.
 
 # %%
 toy_run = execute(book, backend="toy")
@@ -200,7 +242,7 @@ print(toy_run.traffic_table())
 # The simulator counts time steps, all of the same length. The ranks live in seconds.
 # While `execute` ran, every rank also timed each of its actions and each `send` and
 # `recv` with `time.perf_counter_ns`. All processes on one machine read that same clock, so
-# the four ranks' times line up. `chrome_trace` writes these *spans* in the Chrome trace
+# the ranks' times line up. `chrome_trace` writes these *spans* in the Chrome trace
 # format, the same JSON that `torch.profiler` exports. Each rank becomes one track with two
 # rows, "compute" and "communication", and an arrow joins every send to the receive that
 # took its message. Open the file `pipeline_trace.json` (written next to this notebook) at
@@ -240,10 +282,12 @@ show(trace_figure(trace, sim))
 # %% [markdown]
 # What the simulated chart leaves out shows up in the measured one:
 #
-# * **Steps are not equal.** Here a forward pass moves 2 samples through 4 neurons, a tiny
-#   amount of work, so the compute spans are thin. Handing even a few bytes to another
-#   process goes through the operating system, so the communication row dominates, and a
-#   step lasts as long as its slowest hand-over.
+# * **Steps are not equal.** Here a forward pass moves
+#   <span data-glue="net_mb_size">2</span> samples through
+#   <span data-glue="net_width">4</span> neurons, a tiny amount of work, so the compute
+#   spans are thin. Handing even a few bytes to another process goes through the operating
+#   system, so the communication row dominates, and a step lasts as long as its slowest
+#   hand-over.
 # * **The bubble is waiting.** In the Gantt chart the bubble is the empty cells. In the
 #   trace it is a `recv` that waits for a message the previous stage has not sent yet.
 #   With gloo a `send` waits as well, until the receiver has posted its `recv`. This is
@@ -261,7 +305,7 @@ show(trace_figure(trace, sim))
 # ## 5. Bubbles and memory: naive, GPipe, 1F1B, interleaved
 #
 # The chapter's schedule was one of several answers to a simple problem. Without
-# micro-batches (**naive** model parallelism), one GPU works while the other three wait.
+# micro-batches (**naive** model parallelism), one GPU works while the others wait.
 # Every idle cell in the Gantt chart is a **bubble**. The schedules that followed the
 # first pipelines each change one thing:
 #
@@ -269,18 +313,42 @@ show(trace_figure(trace, sim))
 #   the bubble, but every stage holds the activations of all *m* micro-batches until their
 #   backward pass.
 # * **1F1B** starts backward passes as early as it can and then alternates one forward
-#   with one backward. The bubble stays the same, but a stage never holds more than *p*
-#   micro-batches.
-# * **Interleaved 1F1B** gives each GPU *v* smaller chunks of the model (GPU A1 holds
-#   chunks 1 and 5 of 8, for example). Each chunk's step is *v* times shorter, so the
-#   bubble shrinks. The price is more messages between GPUs. A micro-batch now crosses a
-#   GPU boundary at every chunk boundary: p·v - 1 of them each way instead of p - 1. That
-#   is (pv - 1)/(p - 1) times the messages, more than v; the count is measured below.
+#   with one backward. The bubble stays the same, but each backward frees the activations
+#   of one micro-batch before the next forward adds some.
+# * **Interleaved 1F1B** gives each GPU *v* smaller chunks of the model (with
+#   p = <span data-glue="s5_il_p">4</span> and v = <span data-glue="s5_il_v">2</span>, GPU A1
+#   holds chunks <span data-glue="s5_a1_chunk_a">1</span> and
+#   <span data-glue="s5_a1_chunk_b">5</span> of <span data-glue="s5_chunks">8</span>). Each
+#   chunk's step is *v* times shorter, so the bubble shrinks. The price is more messages
+#   between GPUs. A micro-batch now crosses a GPU boundary at every chunk boundary: p·v - 1
+#   of them each way instead of p - 1. That is (pv - 1)/(p - 1) times the messages, more
+#   than v; the count is measured below.
 #
-# **Bubble fraction**, here and in the package, means idle slots divided by all slots.
-# For GPipe that is (p-1)/(m+p-1). Papers often quote bubble time over ideal time
-# instead, (p-1)/m for GPipe. `Simulation.bubble_over_ideal` gives that number.
+# **Bubble fraction**, here and in the package, means idle slots divided by all slots: a
+# slot is one GPU during one time step.
 #
+# **Exercise 03.1 (predict first).** After the next exercise, the notebook prints the time
+# steps, the bubble fraction and the activations held of each schedule, for p = 4 stages
+# and m = 4 micro-batches. Before you run that: what fraction of GPipe's (GPU, time step)
+# slots is idle? Replace the `...` and run the cell; the checker says whether you are
+# right, and why, without giving the number away.
+
+# %%
+from parlab.exercises import check
+
+answer_03_1 = ...
+check("03.1", answer_03_1)
+
+# %% [markdown]
+# **Exercise 03.2 (predict first).** Now take 1F1B on p = 4 stages with m = 8 micro-batches,
+# twice as many as stages. At most how many micro-batches' activations does the first GPU
+# (A1) hold at the same time? (The table further down, with m = 8, prints it.)
+
+# %%
+answer_03_2 = ...
+check("03.2", answer_03_2)
+
+# %% [markdown]
 # The Gantt charts below share one time axis. One unit is one micro-batch going through one
 # whole stage, so the interleaved schedule's shorter steps line up with the others.
 
@@ -293,27 +361,60 @@ for s in sims:
     print(s.summary())
 show(gantt_figure(sims))
 
+# %%
+naive, book_sim, gpipe, one_f_one_b, interleaved = sims
+a1_chunks = [k + 1 for k in range(interleaved.schedule.virtual_stages)
+             if interleaved.schedule.rank_of(k) == 0]
+glue("s5_a1_chunk_a", a1_chunks[0])
+glue("s5_a1_chunk_b", a1_chunks[1])
+glue("s5_chunks", interleaved.schedule.virtual_stages)
+glue("s5_il_p", interleaved.schedule.stages)
+glue("s5_il_v", interleaved.schedule.chunks)
+glue("s5_gpipe_bubble", gpipe.bubble_fraction, ".3f")
+glue("s5_gpipe_over_ideal", gpipe.bubble_over_ideal, ".2f")
+glue("s5_gpipe_steps", gpipe.steps)
+glue("s5_book_steps", book_sim.steps)
+_ = glue("s5_book_bubble", book_sim.bubble_fraction, ".3f")
+
 # %% [markdown]
+# GPipe leaves <span data-glue="s5_gpipe_bubble">0.429</span> of its slots idle: each GPU
+# is idle for p - 1 time steps while the pipeline fills and p - 1 while it drains, out of
+# 2(m + p - 1) steps, so the bubble fraction is (p - 1)/(m + p - 1). Papers often quote bubble time over
+# ideal (busy) time instead, (p - 1)/m for GPipe, here
+# <span data-glue="s5_gpipe_over_ideal">0.75</span>; `Simulation.bubble_over_ideal` gives
+# that number. 1F1B has the same bubble, but its stage s holds at most p - s micro-batches
+# (counting stages from 0), where GPipe's stages all hold m.
+#
 # ### The book's schedule is not faster: it does two things at once
 #
-# In these summaries the book's schedule beats GPipe and 1F1B: fewer time steps, a smaller
-# bubble. The whole lead comes from its doubled steps. There a GPU runs a forward and a
-# backward pass in the time the other schedules give to one, and the Gantt chart draws the
-# pair as two half-width cells inside one time unit. A real GPU cannot: running both takes
-# as long as running one after the other. Count the actions against the busy (GPU, step)
-# slots:
+# In these summaries the book's schedule beats GPipe and 1F1B:
+# <span data-glue="s5_book_steps">11</span> time steps against
+# <span data-glue="s5_gpipe_steps">14</span>, a bubble of
+# <span data-glue="s5_book_bubble">0.364</span> against
+# <span data-glue="s5_gpipe_bubble">0.429</span>. The whole lead comes from its doubled
+# steps. There a GPU runs a forward and a backward pass in the time the other schedules
+# give to one, and the Gantt chart draws the pair as two half-width cells inside one time
+# unit. A real GPU cannot: running both takes as long as running one after the other.
+# Count the actions against the busy (GPU, step) slots:
 
 # %%
 from parlab.pipeline import one_action_per_slot, slot_count, work_percent
 
-for s in sims[1:4]:  # book, GPipe, 1F1B
-    print(f"{s.schedule.name:<6} {slot_count(s)}")
+slots = {s.schedule.name: slot_count(s) for s in (book_sim, gpipe, one_f_one_b)}
+for name, count in slots.items():
+    print(f"{name:<6} {count}")
+
+# %%
+glue("s5_actions", slots["book"].actions)
+glue("s5_book_busy", slots["book"].busy_slots)
+_ = glue("s5_book_doubled", slots["book"].doubled_slots)
 
 # %% [markdown]
-# All three run the same number of actions. GPipe and 1F1B need one busy slot per action;
-# the book's schedule needs fewer, and the difference is its doubled slots. The chapter's
-# active-GPU percentages hide that extra work, because they count GPUs. Per step, the work
-# done (actions as a share of one action per GPU) next to the share of active GPUs:
+# All three run <span data-glue="s5_actions">32</span> actions. GPipe and 1F1B need one busy
+# slot per action; the book's schedule needs <span data-glue="s5_book_busy">28</span>, and
+# the difference is its <span data-glue="s5_book_doubled">4</span> doubled slots. The
+# chapter's active-GPU percentages hide that extra work, because they count GPUs. Per step,
+# the work done (actions as a share of one action per GPU) next to the share of active GPUs:
 
 # %%
 print("work per step (%):       ", work_percent(sim))
@@ -322,24 +423,31 @@ print("active GPUs per step (%):", sim.active_percent)
 # %% [markdown]
 # Where the two rows differ, a GPU worked twice in one step. Now hold the book's schedule to
 # the rule the others follow, one action per slot: each GPU keeps its order of work, every
-# doubled step is split, and each action moves to the earliest step its inputs allow. The
-# book's schedule then takes as many steps as GPipe and 1F1B, with the same bubble:
+# doubled step is split, and each action moves to the earliest step its inputs allow:
 
 # %%
 serial = simulate(one_action_per_slot(book))
-for s in (serial, sims[2], sims[3]):
+for s in (serial, gpipe, one_f_one_b):
     print(s.summary())
-show(gantt_figure([sims[1], serial, sims[2]]))
+show(gantt_figure([book_sim, serial, gpipe]))
+
+# %%
+glue("s5_serial_steps", serial.steps)
+_ = glue("s5_serial_bubble", serial.bubble_fraction, ".3f")
 
 # %% [markdown]
-# Counted fairly, the book's schedule is GPipe with its backward passes started as early
-# as possible; on the last GPU it already alternates forward and backward, as 1F1B does on
+# Split that way, the book's schedule takes <span data-glue="s5_serial_steps">14</span>
+# steps with a bubble of <span data-glue="s5_serial_bubble">0.429</span>, exactly GPipe's
+# and 1F1B's. Counted fairly, it is GPipe with its backward passes started as early as
+# possible; on the last GPU it already alternates forward and backward, as 1F1B does on
 # every GPU. What it keeps over GPipe is memory on the last stage (the peak in-flight
 # counts above), not time.
 
 # %% [markdown]
 # Activation memory in bytes needs a real model. The comparison below uses GPT-3 175B
-# with one sequence of 2048 tokens per micro-batch in bf16.
+# with one sequence of <span data-glue="s5_seq">2048</span> tokens per micro-batch in bf16,
+# on p = <span data-glue="s5_p">4</span> stages with m = <span data-glue="s5_m">8</span>
+# micro-batches and v = <span data-glue="s5_v">2</span> chunks for the interleaved schedule.
 # `parlab.memory.activation_bytes` (chapter 01) gives the bytes one micro-batch leaves on
 # a stage. The simulator walks through the schedule and adds and frees them, action by
 # action. "time" is in the same unit as the Gantt charts. "transfers" counts the tensors
@@ -348,24 +456,47 @@ show(gantt_figure([sims[1], serial, sims[2]]))
 # %%
 from parlab.pipeline import compare, comparison_table
 
-rows = compare(stages=4, microbatches=8, chunks=2)
+p, m, v, seq = 4, 8, 2, 2048
+rows = compare(stages=p, microbatches=m, chunks=v, microbatch_size=1, seq=seq,
+               precision="bf16")
 print(comparison_table(rows))
-
-# %% [markdown]
-# The transfers column is where interleaving pays. Its ratio to 1F1B's, next to
-# (pv - 1)/(p - 1) and to v:
+cost = {r.name: r for r in rows}
 
 # %%
-p, v = 4, 2
-transfers = {r.name: r.transfers for r in rows}
-print(f"interleaved / 1F1B transfers: {transfers['interleaved'] / transfers['1f1b']:.3f}; "
-      f"(pv-1)/(p-1) = {(p * v - 1) / (p - 1):.3f}; v = {v}")
+glue("s5_seq", seq)
+glue("s5_p", p)
+glue("s5_m", m)
+glue("s5_v", v)
+glue("s5_gpipe_peak_m8", cost["gpipe"].peak_inflight)
+_ = glue("s5_1f1b_peak_m8", cost["1f1b"].peak_inflight)
 
 # %% [markdown]
-# The same count from real ranks: interleaved 1F1B with v = 2 on the toy backend, with a
-# network of 8 layers so that each of the 4 ranks holds 2 chunks. The book's schedule of
-# section 4 ran on the same 4 ranks and sent as many messages per micro-batch as GPipe and
-# 1F1B, so it is the baseline here.
+# With twice as many micro-batches as stages, a GPipe stage holds
+# <span data-glue="s5_gpipe_peak_m8">8</span> micro-batches at its peak, while 1F1B's
+# fullest stage, A1, still holds <span data-glue="s5_1f1b_peak_m8">4</span>: p, not m
+# (exercise 03.2). The transfers column is where interleaving pays. Its ratio to 1F1B's,
+# next to (pv - 1)/(p - 1) and to v:
+
+# %%
+ratio = cost["interleaved"].transfers / cost["1f1b"].transfers
+print(f"interleaved / 1F1B transfers: {ratio:.3f}; "
+      f"(pv-1)/(p-1) = {(p * v - 1) / (p - 1):.3f}; v = {v}")
+_ = glue("s5_ratio", ratio, ".2f")
+
+# %% [markdown]
+# Interleaving sends <span data-glue="s5_ratio">2.33</span> times the messages of 1F1B here,
+# more than v.
+#
+# **Exercise 03.3 (predict first).** The next cell runs interleaved 1F1B for real, on the
+# toy backend, which logs every message: p = 4 ranks, v = 2 chunks each (a network of 8
+# layers, so each chunk is one layer) and m = 4 micro-batches. How many messages,
+# activations forward and errors back, will the ranks send for one batch? The book's
+# schedule of section 4 ran on the same 4 ranks with one chunk each; its toy run is the
+# baseline.
+
+# %%
+answer_03_3 = ...
+check("03.3", answer_03_3)
 
 # %%
 from parlab.pipeline import Network
@@ -376,7 +507,15 @@ print(interleaved_run.report())
 sent = {"interleaved": len(interleaved_run.traffic.records), "book": len(toy_run.traffic.records)}
 print(f"messages logged: {sent}; ratio {sent['interleaved'] / sent['book']:.3f}")
 
+# %%
+glue("s5_sent_interleaved", sent["interleaved"])
+_ = glue("s5_sent_book", sent["book"])
+
 # %% [markdown]
+# <span data-glue="s5_sent_interleaved">56</span> messages against the book's
+# <span data-glue="s5_sent_book">24</span>: the same ratio as the table's transfers, now
+# counted by the ranks themselves.
+#
 # The slide deck's three trade-offs, as curves. Move the sliders to change p, m and v.
 # Interleaving needs the micro-batches to split into equal rounds. Where they do not, the
 # table says so.
@@ -389,39 +528,83 @@ compare_explorer(stages=4, microbatches=8, chunks=2)
 # %% [markdown]
 # ## 6. Figure 8-14: pipeline + data parallelism
 #
-# Figure 8-14 runs two copies of the pipeline: A1, A2, ... and C1, C2, .... Each copy gets
-# half of the batch. After the backward pass, the two GPUs that hold the same layer (A1
-# and C1, A2 and C2) synchronize its gradients: they add them, divide by 2, and both keep
-# the result. Here that runs on 4 ranks: 2 stages of 2 layers each, times 2 replicas. Each
-# stage's pair of GPUs gets its own process group (`dist.new_group`), and the sync is one
-# `all_reduce` in that group. The result must equal one process training on the whole
-# batch.
+# When one pipeline is not enough, Figure 8-14 runs copies of it side by side and gives each
+# copy its share of the batch. The book's layout has
+# <span data-glue="hyb_replicas">2</span> copies of the
+# <span data-glue="hyb_stages">4</span>-stage pipeline on
+# <span data-glue="hyb_ranks">8</span> GPUs, and so does the run below. Each copy numbers its
+# GPUs by stage: A1 to A4 for the first (the A1, A2, B1, B2 of the earlier figures), C1 to C4
+# for the second. A1 and C1 hold hidden layer 1, A2 and C2 hidden layer 2, and so on. Each
+# copy runs the book's schedule on its half of the batch. After the backward passes, the
+# GPUs that hold the same stage synchronize its gradients: the pair gets a process group of
+# its own (`dist.new_group`), one `all_reduce` in that group gives both GPUs the sum, and
+# each divides it by the number of copies. The result must equal one process training on
+# the whole batch.
+#
+# The book's paragraph on this figure has three slips:
+#
+# * It calls the step "intra-layer" gradient synchronization and then, for the same step,
+#   "(inter-layer)". Neither fits. Nothing is exchanged inside one layer's computation, and
+#   nothing between two different layers: the exchange is an all-reduce among the GPUs that
+#   hold the same stage, that is, between the copies of one layer. The groups the run prints
+#   below are exactly those pairs.
+# * It introduces the setup for a "test dataset" too large for one GPU. Gradients come only
+#   from training data (a test set never goes through a backward pass), so it is the
+#   training batch that gets split between the copies.
+# * Its last step synchronizes the averaged gradients once more. With an all-reduce that step
+#   has nothing left to do: every GPU already holds the same sum and computes the same
+#   average by itself, so the run below makes no second exchange, and its copies still
+#   agree. A second exchange is needed only when one GPU of the pair averages for both and
+#   sends the result back (a reduce, then a broadcast).
 
 # %%
 from parlab.pipeline import pipeline_data_parallel
-from parlab.viz.plots import sync_figure
 
-hybrid = pipeline_data_parallel(schedule("book", stages=2, microbatches=2), replicas=2)
+hybrid = pipeline_data_parallel(schedule("book", stages=4, microbatches=2), replicas=2)
 print(hybrid.report())
+print("all-reduce groups:", hybrid.sync_groups)
 print()
-print(hybrid.sync_table(layer=0))
-show(sync_figure(hybrid))
-
-# %% [markdown]
-# The chapter's own layout has 4 stages times 2 replicas, on 8 ranks:
+print(hybrid.sync_table())
 
 # %%
-print(pipeline_data_parallel(schedule("book", stages=4, microbatches=2), replicas=2).report())
+from parlab.pipeline import SYNC_FORMAT
+
+first = hybrid.sync_pairs()[0]  # hidden layer 1, on A1 and C1
+glue("hyb_replicas", hybrid.replicas)
+glue("hyb_stages", hybrid.schedule.stages)
+glue("hyb_ranks", len(hybrid.ranks))
+glue("hyb_pairs", len(hybrid.sync_groups))
+glue("hyb_a1", first.local[0], SYNC_FORMAT)
+glue("hyb_c1", first.local[1], SYNC_FORMAT)
+glue("hyb_sum", first.summed, SYNC_FORMAT)
+glue("hyb_avg", first.averaged, SYNC_FORMAT)
+_ = glue("hyb_single", first.single, SYNC_FORMAT)
+
+# %% [markdown]
+# The <span data-glue="hyb_pairs">4</span> groups are the <span data-glue="hyb_pairs">4</span>
+# stages. Each copy saw different samples, so each pair starts from different local
+# gradients. For one weight of hidden layer 1: A1 has
+# <span data-glue="hyb_a1">-1.3312e-03</span> and C1 has
+# <span data-glue="hyb_c1">-1.4265e-03</span>; the all-reduce leaves both with the sum,
+# <span data-glue="hyb_sum">-2.7577e-03</span>, and each halves it to
+# <span data-glue="hyb_avg">-1.3788e-03</span>. One process that trains on the whole batch
+# gets <span data-glue="hyb_single">-1.3788e-03</span> for the same weight. The figure draws
+# the same numbers: the rows are the two copies, and the red arrows the all-reduces.
+
+# %%
+from parlab.viz.plots import sync_figure
+
+show(sync_figure(hybrid))
 
 # %% [markdown]
 # ## 7. The production API: `torch.distributed.pipelining`
 #
 # PyTorch ships these schedules as `ScheduleGPipe` and `Schedule1F1B`. Each rank wraps its
 # layer in a `PipelineStage`, and the schedule's `step()` does the sends and receives.
-# Below, the same 4-stage network with the same data runs on gloo ranks, and we compare
-# PyTorch's gradients with our executor's. PyTorch also exposes its plan as
-# `pipeline_order`, in the same action notation. We compare each rank's order of actions
-# with ours (idle steps left out).
+# Below, the same <span data-glue="s7_stages">4</span>-stage network with the same data runs
+# on gloo ranks, and we compare PyTorch's gradients with our executor's. PyTorch also
+# exposes its plan as `pipeline_order`, in the same action notation. We compare each rank's
+# order of actions with ours (idle steps left out).
 
 # %%
 from parlab.pipeline import our_action_order, torch_pipelining
@@ -431,73 +614,70 @@ for kind, theirs in torch_runs.items():
     print(f"{kind}: largest gradient difference from our executor below 1e-6: "
           f"{theirs.difference(runs[kind]) < 1e-6}")  # runs: our executor's, from section 4
 
+# %%
+glue("s7_stages", torch_runs["1f1b"].stages)
+glue("s7_m", torch_runs["1f1b"].microbatches)
+_ = glue("s7_m_last", torch_runs["1f1b"].microbatches - 1)
+
 # %% [markdown]
 # The order of actions on each rank, PyTorch's plan beside ours. (This output depends on
 # the installed PyTorch version, so the notebook tests do not compare it.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+import torch
+
+same = {}
 for kind, theirs in torch_runs.items():
     print(kind)
     mine = our_action_order(runs[kind].simulation.schedule)
+    same[kind] = [theirs.actions[rank] == mine[rank] for rank in range(4)]
     for rank in range(4):
-        same = theirs.actions[rank] == mine[rank]
-        print(f"  rank {rank}: " + ("same order" if same else
+        print(f"  rank {rank}: " + ("same order" if same[kind][rank] else
                                     f"torch {' '.join(theirs.actions[rank])} | "
                                     f"ours {' '.join(mine[rank])}"))
+last_forwards = torch_runs["1f1b"].forward_microbatches(3)
+glue("s7_torch", torch.__version__.split("+")[0])
+glue("s7_1f1b_same", sum(same["1f1b"]))
+glue("s7_first_mb", last_forwards[0])
+_ = glue("s7_last_mb", last_forwards[-1])
 
 # %% [markdown]
 # The gradients agree for both schedules. The orders agree for every rank of GPipe and for
-# the first three ranks of 1F1B. For the last rank, the `pipeline_order` that PyTorch
-# (torch 2.13) builds for `Schedule1F1B` lists forward passes of micro-batches 1 to 4. A
-# batch of 4 micro-batches has no micro-batch 4 (they are numbered 0 to 3), so this list is
-# off by one. PyTorch uses `pipeline_order` only to draw schedules; the execution follows
-# a different code path, which is why the gradients still agree. Our simulator would
-# reject that list as a schedule.
+# the first <span data-glue="s7_1f1b_same">3</span> ranks of 1F1B. For the last rank, the
+# `pipeline_order` that PyTorch (torch <span data-glue="s7_torch">2.13.0</span>) builds for
+# `Schedule1F1B` lists forward passes of micro-batches
+# <span data-glue="s7_first_mb">1</span> to <span data-glue="s7_last_mb">4</span>. A batch of
+# <span data-glue="s7_m">4</span> micro-batches has no micro-batch
+# <span data-glue="s7_last_mb">4</span> (they are numbered 0 to
+# <span data-glue="s7_m_last">3</span>), so this list is off by one. PyTorch uses
+# `pipeline_order` only to draw schedules; the execution follows a different code path,
+# which is why the gradients still agree. Our simulator would reject that list as a
+# schedule.
 
 # %% [markdown]
 # ## 8. Exercises
 #
-# Replace each `...` with your answer and run the cell. The checker computes the right
-# answer with the simulator. It tells you whether you are right and why, without
-# revealing the answer.
+# Exercises 03.1 to 03.3 are in section 5, each before the cell that prints its answer. One
+# more, to write yourself.
 #
-# **Exercise 03.1.** GPipe on p = 4 stages with m = 12 micro-batches: what fraction of all
-# (GPU, time step) slots is idle? Give a number between 0 and 1.
-
-# %%
-from parlab.exercises import check
-
-answer_03_1 = ...
-check("03.1", answer_03_1)
-
-# %% [markdown]
-# **Exercise 03.2.** 1F1B on p = 4 stages with m = 8 micro-batches: at most how many
-# micro-batches' activations does the first GPU (A1) hold at the same time?
-
-# %%
-answer_03_2 = ...
-check("03.2", answer_03_2)
-
-# %% [markdown]
-# **Exercise 03.3.** In the book's schedule, in which time step does GPU B1 both run a
-# forward pass and compute an error?
-
-# %%
-answer_03_3 = ...
-check("03.3", answer_03_3)
-
-# %% [markdown]
-# **Exercise 03.4.** Write the `pipeline_order` of GPipe for 2 stages and 2 micro-batches:
-# a dict `{rank: [entry per time step]}` with actions such as `"0F0"` and `None` for an
-# idle step. It must be a valid schedule, and as short as possible. The checker runs it
-# through the simulator, so an invalid schedule gets the simulator's reason.
+# **Exercise 03.4 (write and run).** Write the `pipeline_order` of GPipe for 2 stages and 2
+# micro-batches: a dict `{rank: [entry per time step]}` with actions such as `"0F0"` and
+# `None` for an idle step. It must be a valid schedule, and as short as possible. The checker
+# runs it through the simulator, so an invalid schedule gets the simulator's reason. To try
+# it yourself first, `from parlab.pipeline import from_order`: then
+# `print(from_order(answer_03_4))` shows your dict as a table, and
+# `print(simulate(from_order(answer_03_4)).summary())` counts its time steps (or raises an
+# error that says what is wrong).
 
 # %%
 answer_03_4 = ...  # for example {0: ["0F0", ...], 1: [None, ...]}
 check("03.4", answer_03_4)
 
 # %% [markdown]
+# Worked solutions are in `pkg/parlab/exercises/ch03_solutions.py`. This notebook does not
+# import it; open it once you have tried.
+#
 # ## What's next
 #
 # Pipelines split a model *between* layers. Chapter 04 splits *inside* a layer: the

@@ -1,13 +1,13 @@
 """Chapter 03 without ranks: schedules, the simulator, the book's table and its slips, the
-comparison, figures, widgets and exercises."""
+comparison, figures and widgets (the exercises: test_pipeline_exercises.py)."""
 import math
 
 import pytest
 
 from parlab import memory
-from parlab.exercises import check
 from parlab.pipeline import Action, compare, comparison_table, from_order, schedule
 from parlab.pipeline import BOOK_ACTIVE_PERCENT, describe_step, errata, execute, Network, simulate
+from parlab.pipeline import doubled_steps
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,11 @@ def test_book_schedule_overlaps_forward_and_backward_where_the_chapter_does(book
     assert order[2][5] == ("2F3", "2B0")
     tuples = [(r, s) for r, row in order.items() for s, e in enumerate(row) if isinstance(e, tuple)]
     assert sorted(tuples) == [(2, 5), (3, 4), (3, 5), (3, 6)]
+    # counted from 1, as the chapter's text counts: B2 in steps 5 to 7, B1 in step 6
+    assert doubled_steps(book.schedule) == {0: [], 1: [], 2: [6], 3: [5, 6, 7]}
+    assert doubled_steps(schedule("gpipe", 4, 4)) == {0: [], 1: [], 2: [], 3: []}
+    with pytest.raises(ValueError, match="needs a Schedule"):
+        doubled_steps(book)
     assert [str(t) for t in book.records[4].transfers] != []
     step5 = {(t.kind, t.microbatch, book.names[t.src], book.names[t.dst])
              for t in book.records[4].transfers}
@@ -138,22 +143,6 @@ def test_compare_counts_memory_in_bytes_through_parlab_memory():
     assert rows["interleaved"].transfers > rows["1f1b"].transfers
     bad = {r.name: r for r in compare(4, 9, 2)}["interleaved"]
     assert bad.error and "interleaved: " in comparison_table(compare(4, 9, 2))
-
-
-def test_exercise_checkers_use_the_simulator_and_do_not_reveal_answers():
-    gpipe = simulate(schedule("gpipe", 4, 12))
-    assert check("03.1", gpipe.bubble_fraction).ok
-    verdict = check("03.1", gpipe.bubble_over_ideal)
-    assert verdict.ok is False and f"{gpipe.bubble_fraction:.2f}" not in verdict.message
-    assert check("03.2", simulate(schedule("1f1b", 4, 8)).peak_inflight[0]).ok
-    assert check("03.2", 8).ok is False
-    assert check("03.3", 6).ok and check("03.3", 5).ok is False
-    gpipe_2x2 = schedule("gpipe", 2, 2).pipeline_order
-    assert check("03.4", gpipe_2x2).ok
-    assert "1F1B" in check("03.4", schedule("1f1b", 2, 2).pipeline_order).message
-    late = {r: [None] + row for r, row in gpipe_2x2.items()}
-    assert check("03.4", late).ok is False
-    assert "simulator rejects" in check("03.4", {0: ["0F0", "0B0"], 1: ["1F0", "1B0"]}).message
 
 
 def test_figures_are_registered_under_the_books_numbers():

@@ -1,5 +1,7 @@
 """Chapter 03 on real ranks: the executor's log equals the simulation, its gradients equal
 single-process training; Figure 8-14 (pipeline + data parallel); torch.distributed.pipelining."""
+import re
+
 import pytest
 import torch
 
@@ -48,16 +50,104 @@ def test_other_schedules_and_shapes_run_too(name, p, m, v):
     assert run.matches_simulation and run.max_grad_error < TOLERANCE
 
 
-def test_pipeline_plus_data_parallel_equals_single_process_training():
-    run = pipeline_data_parallel(schedule("book", stages=2, microbatches=2), replicas=2)
-    assert run.names == ["A1", "A2", "C1", "C2"]
-    assert run.replicas_agree and run.max_grad_error < TOLERANCE
-    for rank in run.ranks:  # each replica saw different data: local gradients differ ...
-        for j, (local, summed, averaged) in enumerate(zip(
-                rank["local"].values(), rank["summed"].values(), rank["averaged"].values())):
-            assert (summed[0] / 2 - averaged[0]).abs().max() < TOLERANCE  # sum, then divide
-    a1, c1 = run.ranks[0]["local"][0][0], run.ranks[2]["local"][0][0]
-    assert (a1 - c1).abs().max() > 1e-4  # ... and the sync made them equal
+@pytest.fixture(scope="module")
+def hybrid():
+    """Figure 8-14 as the book lays it out: 4 stages x 2 replicas on 8 gloo ranks."""
+    return pipeline_data_parallel(schedule("book", stages=4, microbatches=2), replicas=2)
+
+
+BOOK_NAMES = ["A1", "A2", "A3", "A4", "C1", "C2", "C3", "C4"]
+
+
+def _mean_squared_grads(x, target):
+    """Gradients of the chapter's loss (squared error summed over outputs, averaged over
+    samples), computed here with torch.nn.functional rather than the package's loss."""
+    layers = Network().build()
+    out = x
+    for layer in layers:
+        out = layer(out)
+    loss = torch.nn.functional.mse_loss(out, target, reduction="sum") / x.shape[0]
+    loss.backward()
+    return {j: (l[0].weight.grad, l[0].bias.grad) for j, l in enumerate(layers)}
+
+
+def test_pipeline_plus_data_parallel_equals_single_process_training(hybrid):
+    assert hybrid.names == BOOK_NAMES
+    assert hybrid.sync_groups == [("A1", "C1"), ("A2", "C2"), ("A3", "C3"), ("A4", "C4")]
+    x, target = Network().batch()
+    whole = _mean_squared_grads(x, target)
+    halves = [_mean_squared_grads(x[:4], target[:4]), _mean_squared_grads(x[4:], target[4:])]
+    assert hybrid.replicas_agree
+    for g, rank in enumerate(hybrid.ranks):
+        replica, stage = divmod(g, 4)
+        assert list(rank["local"]) == [stage]  # one layer per GPU: A1 and C1 hidden layer 1
+        local, summed, averaged = (rank[k][stage] for k in ("local", "summed", "averaged"))
+        # before the sync: the gradient of its own half of the batch
+        torch.testing.assert_close(local, halves[replica][stage], atol=TOLERANCE, rtol=0)
+        torch.testing.assert_close(summed[0] / 2, averaged[0], atol=TOLERANCE, rtol=0)
+        # after it: the whole batch's gradient, as one process computes it
+        torch.testing.assert_close(averaged, whole[stage], atol=TOLERANCE, rtol=0)
+    a1, c1 = hybrid.ranks[0]["local"][0][0], hybrid.ranks[4]["local"][0][0]
+    assert (a1 - c1).abs().max() > 1e-4  # the replicas saw different data
+
+
+_PRINTED = re.compile(r"[+-]\d\.\d+e[+-]\d+")
+
+
+def _last_digit(text: str) -> float:
+    """The value of one unit in the last printed digit of ``-1.3312e-03`` (1e-07)."""
+    mantissa, exponent = text.split("e")
+    return 10.0 ** (int(exponent) - len(mantissa.split(".")[1]))
+
+
+def _follows(result: str, parts: list, divide: int = 1) -> bool:
+    """Is printed ``result`` sum(printed parts) / divide, within what the printing rounds?"""
+    slack = sum(_last_digit(p) for p in parts) / 2 / divide + _last_digit(result) / 2
+    return abs(float(result) - sum(map(float, parts)) / divide) <= slack * (1 + 1e-9)
+
+
+def test_sync_table_names_the_book_gpus_and_its_averages_check_by_eye(hybrid):
+    rows = [line for line in hybrid.sync_table().splitlines() if re.match(r"\d\s", line)]
+    assert len(rows) == 4                                    # 4 sync pairs, one per stage
+    assert sorted(re.findall(r"\b[AC]\d\b", "\n".join(rows))) == sorted(BOOK_NAMES)
+    labels = ["hidden layer 1", "hidden layer 2", "hidden layer 3", "output layer"]
+    for stage, (row, label) in enumerate(zip(rows, labels)):
+        assert label in row and f"A{stage + 1} + C{stage + 1}" in row
+        a, c, total, average, single = _PRINTED.findall(row)
+        assert _follows(total, [a, c]) and _follows(average, [a, c], divide=2)
+        assert average == single                             # one process, whole batch
+        assert a != c                                        # the average is not a copy
+
+
+def test_sync_figure_draws_eight_gpus_and_four_averages_that_follow(hybrid):
+    import matplotlib
+    matplotlib.use("Agg")
+    from parlab.viz.plots import sync_figure
+    fig = sync_figure(hybrid)
+    texts = fig.axes[0].texts
+    boxes = {t.get_text().split("\n")[0]: t for t in texts if "local" in t.get_text()}
+    syncs = sorted((t for t in texts if "all-reduce" in t.get_text()),
+                   key=lambda t: t.get_position()[0])
+    assert sorted(boxes) == sorted(BOOK_NAMES) and len(syncs) == 4
+    assert "8 GPUs" in fig.axes[0].get_title()
+    for stage, sync in enumerate(syncs):
+        a, c = (_PRINTED.findall(boxes[f"{r}{stage + 1}"].get_text())[0] for r in "AC")
+        assert boxes[f"A{stage + 1}"].get_position()[0] == boxes[f"C{stage + 1}"].get_position()[0]
+        (average,) = _PRINTED.findall(sync.get_text())
+        assert _follows(average, [a, c], divide=2), (a, c, average)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def test_hybrid_names_follow_the_books_letters():
+    from parlab.pipeline.hybrid import hybrid_name
+    assert [hybrid_name(r, s) for r in range(3) for s in range(2)] == [
+        "A1", "A2", "C1", "C2", "E1", "E2"]
+
+
+def test_sync_table_rejects_a_weight_the_layers_lack(hybrid):
+    with pytest.raises(ValueError, match=r"rows 0\.\.1, columns 0\.\.2; got \(4, 0\)"):
+        hybrid.sync_table((4, 0))
 
 
 def test_torch_pipelining_gives_our_gradients_and_our_order(runs):

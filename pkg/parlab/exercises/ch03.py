@@ -1,11 +1,24 @@
-"""Chapter 03 exercises: read a pipeline schedule, count its bubble and its memory, write one.
+"""Chapter 03 exercises: predict a schedule's bubble, its memory and its messages before the
+notebook prints them, then write a schedule of your own.
 
-Every expected answer is computed by the simulator when the checker runs, never typed in.
+Every expected answer is computed by the simulator when the checker runs, never typed in;
+a wrong answer gets a hint about which quantity to look at, never the number. The worked
+solutions are in :mod:`parlab.exercises.ch03_solutions`, which the notebook does not
+import: a reader opens it by choice.
 """
 
 from __future__ import annotations
 
+import math
+
 from parlab.exercises.registry import exercise, right, wrong
+
+#: 03.1: GPipe on p stages with m micro-batches (the notebook's section 5 sizes).
+_BUBBLE_P, _BUBBLE_M = 4, 4
+#: 03.2: 1F1B with more micro-batches than stages.
+_MEMORY_P, _MEMORY_M = 4, 8
+#: 03.3: interleaved 1F1B on the toy backend, as section 5 runs it.
+_CHUNKS_P, _CHUNKS_M, _CHUNKS_V = 4, 4, 2
 
 
 def _sim(name, p, m, v=1):
@@ -13,60 +26,84 @@ def _sim(name, p, m, v=1):
     return simulate(schedule(name, p, m, v))
 
 
-@exercise("03.1", "GPipe on p=4 stages with m=12 micro-batches: what fraction of all "
-                  "(GPU, time step) slots is idle? Answer as a number between 0 and 1.")
-def _gpipe_bubble(answer):
-    sim = _sim("gpipe", 4, 12)
+def _number(answer) -> float:
     value = float(answer)
+    if not math.isfinite(value):
+        raise ValueError(f"{answer!r} is not a finite number")
+    return value
+
+
+@exercise("03.1", f"GPipe on p={_BUBBLE_P} stages with m={_BUBBLE_M} micro-batches: what "
+                  "fraction of all (GPU, time step) slots is idle? Answer as a number "
+                  "between 0 and 1.")
+def _gpipe_bubble(answer):
+    sim = _sim("gpipe", _BUBBLE_P, _BUBBLE_M)
+    value = _number(answer)
     if abs(value - sim.bubble_fraction) < 5e-3:
-        return right("Idle slots over all slots: each GPU waits p-1 steps while the pipeline "
-                     "fills and p-1 while it drains, out of 2(m+p-1) steps.")
-    if abs(value - sim.bubble_over_ideal) < 5e-3:
-        return wrong("That is the bubble measured against the ideal time (what papers often "
-                     "quote). The question divides idle slots by all slots, busy ones included.")
-    if value > 1:
+        return right("Each GPU waits p-1 steps while the pipeline fills and p-1 while it "
+                     "drains, out of 2(m+p-1) steps; every row of the Gantt chart has the "
+                     "same number of idle cells.")
+    if 1 < value <= 100:
         return wrong("Give a fraction between 0 and 1, not a percentage.")
-    return wrong("Draw the Gantt chart (or simulate it): count the time steps, then the idle "
-                 "cells of one row; every row has the same number.")
+    if abs(value - sim.bubble_over_ideal) < 5e-3:
+        return wrong("That is the idle time measured against the ideal time (busy slots "
+                     "only), what papers often quote. The question divides idle slots by "
+                     "all slots, busy ones included.")
+    if abs(value - (1 - sim.bubble_fraction)) < 5e-3:
+        return wrong("That is the busy share. The question asks for the idle one.")
+    return wrong("Draw one GPU's row: it runs m forwards and later m backwards. Count the "
+                 "time steps of the whole schedule first (when does the last stage start, "
+                 "when does the first stage finish?), then that row's empty cells.")
 
 
-@exercise("03.2", "1F1B on p=4 stages with m=8 micro-batches: at most how many micro-batches' "
-                  "activations does the first GPU (A1) hold at the same time?")
+@exercise("03.2", f"1F1B on p={_MEMORY_P} stages with m={_MEMORY_M} micro-batches: at most how "
+                  "many micro-batches' activations does the first GPU (A1) hold at the same "
+                  "time?")
 def _one_f_one_b_memory(answer):
-    sim = _sim("1f1b", 4, 8)
-    value = int(answer)
+    sim = _sim("1f1b", _MEMORY_P, _MEMORY_M)
+    value = _number(answer)
     if value == sim.peak_inflight[0]:
-        return right("A1 keeps forwarding until the first error comes back; from then on each "
-                     "backward frees one micro-batch for every new forward.")
-    if value == _sim("gpipe", 4, 8).peak_inflight[0]:
+        return right("A1 keeps forwarding until the first error comes back; from then on "
+                     "each backward frees one micro-batch for every new forward, so the count "
+                     "stops growing, however large m is.")
+    if value == _sim("gpipe", _MEMORY_P, _MEMORY_M).peak_inflight[0]:
         return wrong("That is GPipe, which runs every forward before any backward. In 1F1B, "
                      "when does A1 get its first error back, and what happens after that?")
-    if value == 1:
-        return wrong("That is the last stage, which runs each backward right after its forward. "
-                     "A1 is the stage furthest from the loss.")
-    return wrong("Count the forwards A1 runs before its first backward, then watch the count "
-                 "once forwards and backwards alternate.")
+    if value == sim.peak_inflight[-1]:
+        return wrong("That is the last stage, which runs each backward right after its "
+                     "forward. A1 is the stage furthest from the loss.")
+    return wrong("Write out A1's row of the 1F1B schedule: how many forwards does it run "
+                 "before it stops to wait for its first error? From then on A1 alternates one "
+                 "backward (which frees a micro-batch) with one forward.")
 
 
-@exercise("03.3", "In the book's schedule (Figures 8-3 to 8-13), in which time step does GPU "
-                  "B1 both run a forward and compute an error?")
-def _book_overlap(answer):
-    sim = _sim("book", 4, 4)
-    b1 = sim.names.index("B1")
-    both = [r.step for r in sim.records
-            if {a.kind for rank, a in r.compute if rank == b1} == {"F", "B"}]
-    value = int(answer)
-    if value in both:
-        return right("B1 runs its last forward then, and E1, which B2 sent at the end of the "
-                     "step before, lets it start its first backward in the same step. The "
-                     "chapter lists both, but forgets that B1 must then send E1 on to A2.")
-    overlaps_b2 = [r.step for r in sim.records
-                   if {a.kind for rank, a in r.compute if rank == b1 + 1} == {"F", "B"}]
-    if value in overlaps_b2:
-        return wrong("In that step the overlap is on B2, the output layer. B1 gets its first "
-                     "error one step after B2 computes it.")
-    return wrong("Follow E1: B2 computes it one step after its first forward; it reaches B1 in "
-                 "that step's communication phase. What is B1 still doing then?")
+@exercise("03.3", f"Interleaved 1F1B on p={_CHUNKS_P} GPUs with v={_CHUNKS_V} chunks each and "
+                  f"m={_CHUNKS_M} micro-batches: how many messages (activations forward and "
+                  "errors back) do the ranks send for one batch?")
+def _interleaved_messages(answer):
+    sim = _sim("interleaved", _CHUNKS_P, _CHUNKS_M, _CHUNKS_V)
+    plain = _sim("1f1b", _CHUNKS_P, _CHUNKS_M)
+    value, expected = _number(answer), len(sim.transfers)
+    if value == expected:
+        return right("Every boundary between two chunks is a boundary between two GPUs "
+                     "(chunk k lives on GPU k mod p), so each micro-batch crosses p·v - 1 of "
+                     "them on the way forward and again on the way back.")
+    if value == len(plain.transfers):
+        return wrong("That is the count with one chunk per GPU, the book's run of section 4. "
+                     "How many chunk boundaries does a micro-batch cross when each GPU holds "
+                     "v chunks?")
+    if value == expected / 2:
+        return wrong("That counts one direction. Every activation sent forward has an error "
+                     "coming back over the same boundary.")
+    if value == len(_sim("interleaved", _CHUNKS_P, 2 * _CHUNKS_M, _CHUNKS_V).transfers):
+        return wrong("That is the comparison table's count, for its m. This run has fewer "
+                     "micro-batches.")
+    if value == expected + 2 * _CHUNKS_M:
+        return wrong("Close: the first chunk receives nothing and the last sends nothing on. "
+                     "Count the boundaries between chunks, not the chunks.")
+    return wrong("Count for one micro-batch first: how many chunk boundaries does it cross on "
+                 "the way forward, and how many on the way back? Then multiply by the number "
+                 "of micro-batches.")
 
 
 @exercise("03.4", "Write the pipeline_order of GPipe for p=2 stages and m=2 micro-batches: a "
@@ -83,7 +120,7 @@ def _write_gpipe(answer):
     if sim.schedule.stages != 2 or sim.schedule.microbatches != 2:
         return wrong(f"That schedule has {sim.schedule.stages} stages and "
                      f"{sim.schedule.microbatches} micro-batches; the exercise asks for 2 and 2.")
-    for rank, row in answer.items():
+    for rank in answer:
         kinds = [a.kind for step in range(sim.steps) for a in sim.schedule.actions(rank, step)]
         if "F" in kinds[kinds.index("B"):]:
             return wrong(f"Rank {rank} runs a forward after a backward: that is 1F1B's order. "
@@ -91,8 +128,8 @@ def _write_gpipe(answer):
     best = _sim("gpipe", 2, 2).steps
     if sim.steps < best:
         return right(f"Valid, and {best - sim.steps} step(s) shorter than plain GPipe: rank 1 "
-                     f"overlaps a forward and a backward in one step, as the book's schedule "
-                     f"does.")
+                     f"runs a forward and a backward in one step, as the book's schedule "
+                     f"does. Section 5 shows what such doubled steps really cost.")
     if sim.steps > best:
         return wrong(f"It is valid but takes {sim.steps} time steps; some action could start "
                      f"earlier. An action may run in the step after its input was made.")

@@ -17,9 +17,12 @@ from parlab.pipeline.book import (
 )
 from parlab.pipeline.executor import execute, Execution, Network, reference
 from parlab.pipeline.hybrid import (
-    HybridRun, our_action_order, pipeline_data_parallel, torch_pipelining, TorchRun
+    HybridRun, our_action_order, pipeline_data_parallel, SYNC_FORMAT, SyncPair, torch_pipelining,
+    TorchRun
 )
-from parlab.pipeline.slots import one_action_per_slot, slot_count, SlotCount, work_percent
+from parlab.pipeline.slots import (
+    doubled_steps, one_action_per_slot, slot_count, SlotCount, work_percent
+)
 from parlab.pipeline.tradeoffs import (
     COMPARED, DEFAULT_MODEL, compare, comparison_table, peak_activation_bytes, ScheduleCost
 )
@@ -28,7 +31,8 @@ __all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTr
            "Simulation", "simulate", "stage_gpu_names", "action_code", "ACTION_CODES",
            "describe_step", "BOOK_STEPS",
            "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
-           "reference", "HybridRun", "pipeline_data_parallel", "TorchRun", "torch_pipelining",
-           "our_action_order", "compare", "comparison_table", "ScheduleCost",
+           "reference", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
+           "TorchRun", "torch_pipelining", "our_action_order", "compare", "comparison_table",
+           "ScheduleCost",
            "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL", "SlotCount", "slot_count",
-           "work_percent", "one_action_per_slot"]
+           "work_percent", "one_action_per_slot", "doubled_steps"]

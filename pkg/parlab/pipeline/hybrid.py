@@ -1,13 +1,14 @@
 """Pipeline + data parallelism (Figure 8-14), and the production API beside our executor.
 
-Figure 8-14: when one pipeline is not enough, the pipeline is replicated. Replica 1 runs
-on A1, A2, ... and replica 2 on C1, C2, ...; each gets half of the batch and runs the same
-schedule on it. After the last backward, each layer's gradients are synchronized
-between the GPUs that hold that layer (A1 with C1, A2 with C2, ...): summed across the
-replicas, divided by the number of replicas, and shared, so every copy of a layer takes
-the same step. :func:`pipeline_data_parallel` runs this on real ranks (a data-parallel
-group per stage, made with ``dist.new_group``) and compares it with one process
-training on the whole batch.
+Figure 8-14: when one pipeline is not enough, the pipeline is replicated. With 4 stages on
+8 GPUs, replica 1 runs on A1..A4 and replica 2 on C1..C4; each gets its share of the batch
+and runs the same schedule on it. After the last backward, each stage's gradients are
+synchronized between the GPUs that hold that stage (A1 with C1, A2 with C2, ...): one
+all-reduce sums them across the replicas, and every GPU divides the sum by the number of
+replicas, so every copy of a layer takes the same step. :func:`pipeline_data_parallel`
+runs this on real ranks (a data-parallel group per stage, made with ``dist.new_group``)
+and compares it with one process training on the whole batch; :meth:`HybridRun.sync_pairs`
+gives one weight per stage on every GPU, before and after the sync.
 
 :func:`torch_pipelining` runs the same network with ``torch.distributed.pipelining``
 (``PipelineStage`` with ``ScheduleGPipe`` or ``Schedule1F1B``) on gloo, so the gradients of
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -29,14 +31,40 @@ from parlab.pipeline.executor import Network, max_difference, reference, run_sta
 from parlab.pipeline.schedules import Schedule, _check_count, entry_actions
 from parlab.pipeline.simulator import simulate
 
-__all__ = ["HybridRun", "pipeline_data_parallel", "hybrid_name", "TorchRun", "torch_pipelining",
-           "our_action_order"]
+__all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hybrid_name",
+           "TorchRun", "torch_pipelining", "our_action_order"]
+
+#: How :meth:`HybridRun.sync_table` and the sync figure print a gradient: 5 significant
+#: digits, enough that each average visibly is (replica 1 + replica 2) / 2.
+SYNC_FORMAT = "+.4e"
 
 
-def hybrid_name(replica: int, stage: int, stages: int) -> str:
-    """GPU names of Figure 8-14: replica 1 is A1, A2 (B1, B2); replica 2 is C1, C2 (D1, D2)."""
-    servers = max(2, -(-stages // 2))
-    return f"{chr(ord('A') + replica * servers + stage // 2)}{stage % 2 + 1}"
+def hybrid_name(replica: int, stage: int) -> str:
+    """GPU names of Figure 8-14: replica 1 is A1, A2, A3, A4; replica 2 is C1, C2, C3, C4.
+
+    The letter is the replica (A, C, E, ...: B is skipped, as in the book's figure); the
+    number is the stage, counted from 1.
+    """
+    return f"{chr(ord('A') + 2 * replica)}{stage + 1}"
+
+
+class SyncPair(NamedTuple):
+    """One stage's gradient sync, seen through one weight of its first layer.
+
+    ``gpus`` hold the stage (one per replica); ``local`` is that weight's gradient on each
+    before the sync; ``summed`` what the all-reduce leaves on every one of them;
+    ``averaged`` the sum divided by the number of replicas; ``single`` the same weight's
+    gradient in one process trained on the whole batch.
+    """
+
+    stage: int
+    layers: tuple
+    label: str
+    gpus: tuple
+    local: tuple
+    summed: float
+    averaged: float
+    single: float
 
 
 def _hybrid_worker(sched: Schedule, net: Network, replicas: int, by_step):
@@ -44,6 +72,7 @@ def _hybrid_worker(sched: Schedule, net: Network, replicas: int, by_step):
     mesh = Mesh(dp=replicas, pp=p)
     replica, me, _ = mesh.coordinates(dist.get_rank())
     data_group = mesh.new_groups(kinds=("data",))["data"]  # this stage's copies
+    group = sorted(dist.get_process_group_ranks(data_group))
     x, target = net.batch()
     peers = [mesh.rank_at(replica, s) for s in range(p)]
     result = run_stages(sched, net, me, peers, x.chunk(replicas)[replica],
@@ -58,7 +87,7 @@ def _hybrid_worker(sched: Schedule, net: Network, replicas: int, by_step):
         flat /= replicas  # every GPU divides by the number of replicas: the average
         averaged[j] = unflat(flat, dw)
     return {"events": result["events"], "local": local, "summed": summed,
-            "averaged": averaged, "loss": result["loss"]}
+            "averaged": averaged, "loss": result["loss"], "group": group}
 
 
 @dataclass
@@ -89,20 +118,59 @@ class HybridRun:
     def max_grad_error(self) -> float:
         return max_difference(self.grads, self.reference_grads)
 
-    def sync_table(self, layer: int = 0, index: tuple = (0, 0)) -> str:
-        """One weight of ``layer`` on every GPU holding it: local, sum, average."""
-        p = self.schedule.stages
-        holders = [g for g in range(len(self.ranks)) if layer in self.ranks[g]["local"]]
-        lines = [f"hidden layer {layer + 1}" if layer < len(self.reference_grads) - 1
-                 else "output layer"]
-        lines[0] += f", weight {index}: gradient on each GPU that holds it"
-        for g in holders:
-            value = lambda key: float(self.ranks[g][key][layer][0][index])
-            lines.append(f"  {self.names[g]} (replica {g // p + 1}): local {value('local'):+.6f}"
-                         f"  sum {value('summed'):+.6f}  / {self.replicas} = "
-                         f"{value('averaged'):+.6f}")
-        ref = float(self.reference_grads[layer][0][index])
-        lines.append(f"  single process on the whole batch: {ref:+.6f}")
+    @property
+    def sync_groups(self) -> list:
+        """The all-reduce groups the ranks really used, by GPU name: one per stage."""
+        groups = []
+        for rank in self.ranks:
+            names = tuple(self.names[g] for g in rank["group"])
+            if names not in groups:
+                groups.append(names)
+        return groups
+
+    def _layer_label(self, layers) -> str:
+        if len(layers) > 1:
+            return "layers " + ", ".join(str(j + 1) for j in layers)
+        return ("output layer" if layers[0] == len(self.reference_grads) - 1
+                else f"hidden layer {layers[0] + 1}")
+
+    def sync_pairs(self, index: tuple = (0, 0)) -> list:
+        """One :class:`SyncPair` per stage: weight ``index`` (row, column) of the stage's
+        first layer."""
+        p, pairs = self.schedule.stages, []
+        shapes = [tuple(self.reference_grads[min(r["local"])][0].shape) for r in self.ranks[:p]]
+        rows, cols = min(s[0] for s in shapes), min(s[1] for s in shapes)
+        if (not isinstance(index, tuple) or len(index) != 2
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in index)
+                or not (0 <= index[0] < rows and 0 <= index[1] < cols)):
+            raise ValueError(f"index must be a weight (row, column) that every stage's first "
+                             f"layer has: rows 0..{rows - 1}, columns 0..{cols - 1}; got {index!r}")
+        for stage in range(p):
+            holders = [replica * p + stage for replica in range(self.replicas)]
+            layers = tuple(sorted(self.ranks[stage]["local"]))
+            value = lambda g, key: float(self.ranks[g][key][layers[0]][0][index])
+            pairs.append(SyncPair(
+                stage, layers, self._layer_label(layers), tuple(self.names[g] for g in holders),
+                tuple(value(g, "local") for g in holders), value(stage, "summed"),
+                value(stage, "averaged"), float(self.reference_grads[layers[0]][0][index])))
+        return pairs
+
+    def sync_table(self, index: tuple = (0, 0)) -> str:
+        """Per stage, weight ``index`` on each of its GPUs: local, summed, averaged; and the
+        same weight in one process on the whole batch. Printed with :data:`SYNC_FORMAT`."""
+        pairs, n, f = self.sync_pairs(index), self.replicas, SYNC_FORMAT
+        width = max(len(x.label) for x in pairs)
+        gpus = max(len(" + ".join(x.gpus)) for x in pairs)
+        head = (["stage", "layer".ljust(width), "GPUs".ljust(gpus)]
+                + [f"replica {r + 1}".ljust(11) for r in range(n)]
+                + ["sum".ljust(11), f"sum / {n}".ljust(11), "one process"])
+        lines = [f"weight {list(index)} of each stage's layer, gradient on each GPU "
+                 f"(each replica trains on 1/{n} of the batch)", "  ".join(head)]
+        for x in pairs:
+            lines.append("  ".join(
+                [f"{x.stage + 1:<5}", x.label.ljust(width), " + ".join(x.gpus).ljust(gpus)]
+                + [format(v, f) for v in x.local]
+                + [format(x.summed, f), format(x.averaged, f), format(x.single, f)]))
         return "\n".join(lines)
 
     def report(self) -> str:
@@ -127,8 +195,7 @@ def pipeline_data_parallel(sched: Schedule, replicas: int = 2, net: Network | No
     from parlab.launch import run
     ranks = run(_hybrid_worker, sched.stages * replicas, sched, net, replicas, by_step,
                 backend=backend, timeout=timeout)
-    names = [hybrid_name(g // sched.stages, g % sched.stages, sched.stages)
-             for g in range(len(ranks))]
+    names = [hybrid_name(g // sched.stages, g % sched.stages) for g in range(len(ranks))]
     ref_grads, ref_loss = reference(net)
     return HybridRun(sched, replicas, ranks, names, ref_grads, ref_loss)
 
@@ -188,6 +255,12 @@ class TorchRun:
     def difference(self, execution) -> float:
         """Largest |PyTorch gradient - our executor's gradient| (an :class:`Execution`)."""
         return max_difference(self.grads, execution.grads)
+
+    def forward_microbatches(self, rank: int) -> list:
+        """The micro-batch numbers (from 0) of the forward passes in ``rank``'s plan."""
+        if rank not in self.actions:
+            raise ValueError(f"rank must be one of {sorted(self.actions)}, got {rank!r}")
+        return sorted({int(a[a.index("F") + 1:]) for a in self.actions[rank] if "F" in a})
 
 
 def torch_pipelining(kinds=("gpipe", "1f1b"), stages: int = 4, microbatches: int = 4,

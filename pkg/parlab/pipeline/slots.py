@@ -18,7 +18,7 @@ from typing import NamedTuple
 from parlab.pipeline.schedules import Schedule, _place_in_steps, entry_actions
 from parlab.pipeline.simulator import Simulation
 
-__all__ = ["SlotCount", "slot_count", "work_percent", "one_action_per_slot"]
+__all__ = ["SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps"]
 
 
 class SlotCount(NamedTuple):
@@ -50,6 +50,15 @@ def slot_count(sim: Simulation) -> SlotCount:
     return SlotCount(actions=sum(per_slot.values()), busy_slots=len(per_slot),
                      doubled_slots=sum(1 for n in per_slot.values() if n > 1),
                      slots=sim.schedule.stages * sim.steps, steps=sim.steps)
+
+
+def doubled_steps(sched: Schedule) -> dict[int, list[int]]:
+    """Per rank, the time steps (from 1) in which it runs more than one action."""
+    if not isinstance(sched, Schedule):
+        raise ValueError(f"doubled_steps needs a Schedule (from parlab.pipeline.schedule or "
+                         f"from_order), got {type(sched).__name__}")
+    return {rank: [step + 1 for step, entry in enumerate(row) if len(entry_actions(entry)) > 1]
+            for rank, row in sched.pipeline_order.items()}
 
 
 def work_percent(sim: Simulation) -> list[float]:

@@ -207,35 +207,40 @@ def comparison_figure(stages: int = 4, microbatches: int = 8, chunks: int = 2,
     return fig
 
 
-def sync_figure(run):
-    """Figure 8-14: two pipeline replicas; each layer's gradients summed, divided, shared."""
-    p, replicas = run.schedule.stages, run.replicas
-    fig, ax = plt.subplots(figsize=(2.3 * p + 2.2, 1.9 * replicas + 0.6))
-    for g, name in enumerate(run.names):
-        replica, stage = divmod(g, p)
-        x, y = stage * 2.3, (replicas - 1 - replica) * 1.9
-        ax.add_patch(Rectangle((x, y), 1.7, 1.0, facecolor=GPU_COLORS.get(name, rank_color(g)),
-                               alpha=0.35, edgecolor="black"))
-        layers = sorted(run.ranks[g]["local"])
-        j = layers[0]
-        dw = float(run.ranks[g]["local"][j][0][0, 0])
-        held = f"layer {j + 1}" if len(layers) == 1 else f"layers {j + 1}-{layers[-1] + 1}"
-        ax.text(x + 0.85, y + 0.5, f"{name}\n{held}\nlocal dW[0,0] {dw:+.4f}", ha="center",
-                va="center", fontsize=8.5)
-        if replica == 0:
-            avg = float(run.ranks[g]["averaged"][j][0][0, 0])
-            ax.annotate("", xy=(x + 0.85, y - 0.9 + 0.02), xytext=(x + 0.85, y),
-                        arrowprops=dict(arrowstyle="<->", color="#C0392B", lw=2))
-            ax.text(x + 0.95, y - 0.45, f"sum, ÷{replicas}\n→ {avg:+.4f}", fontsize=8,
-                    color="#C0392B", va="center")
-        if stage < p - 1:
-            ax.annotate("", xy=(x + 2.3, y + 0.5), xytext=(x + 1.7, y + 0.5),
-                        arrowprops=dict(arrowstyle="<->", color="#2F5597"))
-    ax.set_xlim(-0.2, 2.3 * p)
-    ax.set_ylim(-0.2, 1.9 * replicas - 0.7)
+def sync_figure(run, index: tuple = (0, 0)):
+    """Figure 8-14: the pipeline replicas in rows (A1..A4 above C1..C4). The GPUs that hold
+    the same stage share a colour and a red arrow: one all-reduce sums their gradients, and
+    each GPU divides by the number of replicas. Each box prints weight ``index`` of its
+    layer's local gradient, each arrow the average, both in ``SYNC_FORMAT``."""
+    from parlab.pipeline import SYNC_FORMAT
+
+    p, replicas, f = run.schedule.stages, run.replicas, SYNC_FORMAT
+    step_x, step_y, box_w, box_h = 2.6, 2.1, 1.9, 1.0
+    fig, ax = plt.subplots(figsize=(2.5 * p + 0.4, 1.6 * replicas + 0.7))
+    top = lambda replica: (replicas - 1 - replica) * step_y
+    for pair in run.sync_pairs(index):
+        x = pair.stage * step_x
+        for replica, (name, local) in enumerate(zip(pair.gpus, pair.local)):
+            y = top(replica)
+            ax.add_patch(Rectangle((x, y), box_w, box_h, facecolor=rank_color(pair.stage),
+                                   alpha=0.35, edgecolor="black"))
+            ax.text(x + box_w / 2, y + box_h / 2, f"{name}\n{pair.label}\nlocal {format(local, f)}",
+                    ha="center", va="center", fontsize=8.5)
+            if pair.stage < p - 1:
+                ax.annotate("", xy=(x + step_x, y + box_h / 2), xytext=(x + box_w, y + box_h / 2),
+                            arrowprops=dict(arrowstyle="<->", color="#2F5597"))
+        low, high = top(replicas - 1) + box_h, top(0)
+        ax.annotate("", xy=(x + 0.25, low + 0.02), xytext=(x + 0.25, high),
+                    arrowprops=dict(arrowstyle="<->", color="#C0392B", lw=2))
+        ax.text(x + 0.4, (low + high) / 2, f"all-reduce: sum\n÷ {replicas} = "
+                f"{format(pair.averaged, f)}", fontsize=8, color="#C0392B", va="center")
+    ax.set_xlim(-0.2, step_x * (p - 1) + box_w + 0.2)
+    ax.set_ylim(-0.2, top(0) + box_h + 0.2)
     ax.axis("off")
-    ax.set_title(f"{replicas} pipeline replicas x {p} stages: each layer's gradients are summed "
-                 f"across its replicas and divided by {replicas}", fontsize=10)
+    ax.set_title(f"{replicas} pipeline replicas x {p} stages on {p * replicas} GPUs: the GPUs "
+                 f"holding a stage all-reduce its gradients (weight {list(index)} shown)",
+                 fontsize=10)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.9)
     return fig
 
 
@@ -258,10 +263,11 @@ def _register_steps():
 _register_steps()
 
 
-@figure("fig-8-14-pipeline-data-sync", "Figure 8-14: two pipeline replicas, gradients synced")
+@figure("fig-8-14-pipeline-data-sync", "Figure 8-14: two 4-stage pipeline replicas on 8 GPUs, "
+                                      "gradients synced")
 def _sync():
     from parlab.pipeline import pipeline_data_parallel, schedule
-    return sync_figure(pipeline_data_parallel(schedule("book", stages=2, microbatches=2), 2))
+    return sync_figure(pipeline_data_parallel(schedule("book", stages=4, microbatches=2), 2))
 
 
 @figure("fig-03-schedule-comparison", "Naive, GPipe, 1F1B, interleaved: bubble, memory, traffic")

@@ -1,0 +1,99 @@
+"""Chapter 03's exercises: each checker accepts the answer worked out by hand here (not by the
+simulator it uses), rejects wrong ones with a hint that never shows the number, and the
+worked solutions agree and stay out of the notebook's reach."""
+import re
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from parlab.exercises import check
+
+CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "03_pipeline_parallelism.py"
+
+#: GPipe, p = 4, m = 4: the last stage starts in step p and forwards until m + p - 1; the
+#: errors come back the same way: 2 (m + p - 1) = 14 steps, 2m = 8 of them busy per GPU.
+GPIPE_BUBBLE = Fraction(14 - 8, 14)
+#: 1F1B, p = 4, m = 8: A1 runs p forwards before its first error comes back, then one
+#: backward per forward: never more than p.
+A1_PEAK = 4
+#: Interleaved, p = 4, v = 2, m = 4: 8 chunks, 7 boundaries, each crossed forward and back.
+INTERLEAVED_MESSAGES = 4 * 2 * 7
+#: GPipe for 2 stages and 2 micro-batches, placed by hand: 2 (m + p - 1) = 6 steps.
+GPIPE_2X2 = {0: ["0F0", "0F1", None, None, "0B0", "0B1"],
+             1: [None, "1F0", "1F1", "1B0", "1B1", None]}
+CH03 = {"03.1": GPIPE_BUBBLE, "03.2": A1_PEAK, "03.3": INTERLEAVED_MESSAGES, "03.4": GPIPE_2X2}
+
+
+def _numbers(message: str) -> set:
+    return set(re.findall(r"\d+(?:\.\d+)?", message))
+
+
+@pytest.mark.parametrize("exercise_id", ["03.1", "03.2", "03.3"])
+def test_numeric_checkers_accept_the_hand_computed_answer_and_hide_it(exercise_id):
+    answer = CH03[exercise_id]
+    assert check(exercise_id, float(answer)).ok is True
+    assert check(exercise_id, str(float(answer))).ok is True
+    shown = {f"{float(answer):g}", f"{float(answer):.2f}", f"{float(answer):.3f}",
+             str(int(answer)) if answer == int(answer) else "3/7"}
+    for wrong_answer in (float(answer) + 1, float(answer) / 2 + 0.1, 3 * float(answer), 0.01):
+        verdict = check(exercise_id, wrong_answer)
+        assert verdict.ok is False, (exercise_id, wrong_answer)
+        assert not (_numbers(verdict.message) & shown), verdict.message
+
+
+def test_hints_name_the_mistake_not_the_number():
+    assert "ideal time" in check("03.1", 3 / 4).message            # (p - 1) / m
+    assert "percentage" in check("03.1", 42.86).message
+    assert "busy share" in check("03.1", 8 / 14).message
+    assert "GPipe" in check("03.2", 8).message                      # all m held
+    assert "last stage" in check("03.2", 1).message
+    assert "one chunk per GPU" in check("03.3", 2 * 4 * 3).message  # v = 1
+    assert "one direction" in check("03.3", 4 * 7).message
+    assert "table's count" in check("03.3", 2 * 8 * 7).message     # the comparison's m = 8
+    assert "not the chunks" in check("03.3", 2 * 4 * 8).message     # chunks, not boundaries
+    assert check("03.1", float("nan")).ok is False and check("03.2", "many").ok is False
+
+
+def test_writing_a_schedule_is_checked_by_the_simulator():
+    assert check("03.4", GPIPE_2X2).ok is True
+    one_f_one_b = {0: ["0F0", "0F1", None, "0B0", None, "0B1"],
+                   1: [None, "1F0", "1B0", "1F1", "1B1", None]}
+    assert "1F1B" in check("03.4", one_f_one_b).message
+    late = {r: [None] + row for r, row in GPIPE_2X2.items()}
+    assert check("03.4", late).ok is False and "7 time steps" in check("03.4", late).message
+    assert "simulator rejects" in check("03.4", {0: ["0F0", "0B0"], 1: ["1F0", "1B0"]}).message
+    doubled = {0: ["0F0", "0F1", None, "0B0", "0B1"], 1: [None, "1F0", ("1F1", "1B0"), "1B1", None]}
+    assert check("03.4", doubled).ok is True and "shorter" in check("03.4", doubled).message
+    assert check("03.4", [["0F0"]]).ok is False
+
+
+def test_solutions_agree_and_are_out_of_the_notebooks_reach():
+    from parlab.exercises import ch03
+    from parlab.exercises.ch03_solutions import solutions
+    assert not hasattr(ch03, "_answers")
+    loaded = subprocess.run([sys.executable, "-c", "import sys, parlab.exercises; "
+                             "print('parlab.exercises.ch03_solutions' in sys.modules)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False"
+    assert "ch03_solutions import" not in CHAPTER.read_text()
+    assert "import ch03_solutions" not in CHAPTER.read_text()
+    worked = solutions()
+    assert {k: s.answer for k, s in worked.items()} == CH03
+    for exercise_id, solution in worked.items():
+        answer = solution.answer
+        assert check(exercise_id, float(answer) if isinstance(answer, Fraction) else answer).ok
+        assert "Answer:" in str(solution) and len(solution.working.splitlines()) >= 3
+
+
+def test_each_prediction_comes_before_the_cell_that_prints_its_answer():
+    """03.1 to 03.3 sit before their reveals; none of the four is answered earlier."""
+    text = CHAPTER.read_text()
+    at = {k: text.index(f'check("{k}"') for k in CH03}
+    assert at["03.1"] < at["03.2"] < at["03.3"] < at["03.4"]
+    assert at["03.2"] < text.index("print(s.summary())")             # GPipe's bubble, m = 4
+    assert at["03.2"] < text.index("print(comparison_table(rows))")  # 1F1B's peak, m = 8
+    assert at["03.3"] < text.index("interleaved_run = execute(")     # the toy backend's count
+    assert text.index("## 5.") < at["03.1"]                          # in the section they belong to
