@@ -16,12 +16,12 @@
 # # 02 · Data parallelism: replicas, averaged gradients, and the network between them
 #
 # **Figure 8-2** of the book is the simplest way to use two GPUs: give each of them the
-# whole model and half of the data. GPU A1 trains on micro-batches 1 to 4, GPU A2 on 5 to
-# 8. The forward pass needs no network at all. After the backward pass the two GPUs add up
-# their gradients and divide by two, so both apply the same update and stay identical
-# copies. The chapter then warns that the traffic grows with hundreds or thousands of GPUs,
-# and that a single lost transfer stops the whole job (section 8 separates what holds in
-# that warning from what it overstates).
+# whole model and half of the data. GPU A1 trains on the first half of the micro-batches,
+# GPU A2 on the second. The forward pass needs no network at all. After the backward pass
+# the two GPUs add up their gradients and divide by two, so both apply the same update and
+# stay identical copies. The chapter then warns that the traffic grows with hundreds or
+# thousands of GPUs, and that a single lost transfer stops the whole job (section 8
+# separates what holds in that warning from what it overstates).
 #
 # One correction first. The book's notes motivate data parallelism by a dataset too large
 # for one GPU, with layers spread over GPUs. Neither is what it does: every GPU holds *all*
@@ -34,15 +34,16 @@
 # 1. split a batch over ranks, and see what happens when it does not split;
 # 2. run Figure 8-2 for real on two ranks, A1 and A2, with every tensor the figure names:
 #    micro-batches, local gradients, gradients received, the average, the new weights;
-# 3. train any `torch.nn.Module` on 1, 2 and 4 ranks and check that it learns exactly what
-#    one process learns on the whole batch;
+# 3. train any `torch.nn.Module` on several ranks and check that it learns exactly what one
+#    process learns on the whole batch;
 # 4. run the same training with PyTorch's production tool, `DistributedDataParallel`;
 # 5. pack gradients into buckets and see why frameworks do it;
 # 6. count the bytes each GPU sends, with the ring and the naive all-reduce, and scale the
 #    count to thousands of GPUs;
 # 7. make one transfer fail and watch the job stop instead of silently going wrong, then
 #    resume from a checkpoint;
-# 8. solve four exercises.
+# 8. along the way, predict three numbers before the cell that prints them, and at the end
+#    write the averaging step yourself.
 #
 # Book figure: 8-2 (and the slides' communication cost of data parallelism). Everything
 # runs on a CPU in well under a minute.
@@ -50,9 +51,11 @@
 # %% [markdown]
 # ## 1. Splitting the batch
 #
-# The batch of Figure 8-2 has 8 micro-batches; here each holds 2 samples, so 16 samples in
-# all. `split_batch` says which samples each rank trains on: consecutive micro-batches, the
-# first four for rank 0 (A1), the rest for rank 1 (A2).
+# The batch of Figure 8-2 has <span data-glue="split_micro">8</span> micro-batches; here
+# each holds <span data-glue="split_per_micro">2</span> samples, so
+# <span data-glue="split_samples">16</span> samples in all. `split_batch` says which samples
+# each rank trains on: consecutive micro-batches, the first half for rank 0 (A1), the rest
+# for rank 1 (A2).
 
 # %%
 import torch
@@ -60,10 +63,14 @@ import torch.distributed as dist
 
 from parlab import data_parallel as dp
 from parlab.launch import RankError, run
-from parlab.viz import show
+from parlab.viz import glue, show
 
-for rank, shares in enumerate(dp.split_batch(samples=16, micro_batches=8, world_size=2)):
+batch = dp.FIGURE_8_2  # the batch of the figure's run in section 2
+for rank, shares in enumerate(dp.split_batch(batch.samples, batch.micro_batches, world_size=2)):
     print(f"rank {rank}: micro-batches (first sample, last sample + 1) = {shares}")
+glue("split_micro", batch.micro_batches)
+glue("split_per_micro", batch.samples // batch.micro_batches)
+_ = glue("split_samples", batch.samples)
 
 # %% [markdown]
 # A batch that does not split evenly is an error that says what would work. Each rank
@@ -98,8 +105,9 @@ print(dp.split_batch(samples=14, micro_batches=7, world_size=2, uneven=True))
 # Which exchange? With an **all-reduce**, the one production code uses, a rank never sees
 # a peer's gradient on its own: it gets the sum. For the figure we therefore use an
 # **all-gather** first, which hands every rank every peer's gradient, so A1 really holds
-# A2's gradient. Each rank runs its four micro-batches as one forward pass of 8 rows; with
-# equal micro-batches that gives the same gradient as accumulating them one by one.
+# A2's gradient. Each rank runs its <span data-glue="fig_micro_per_rank">4</span>
+# micro-batches as one forward pass of <span data-glue="fig_rows_per_rank">8</span> rows;
+# with equal micro-batches that gives the same gradient as accumulating them one by one.
 
 # %%
 from parlab.viz.plots import figure_8_2
@@ -107,12 +115,18 @@ from parlab.data_parallel import run_figure_8_2
 
 book = run_figure_8_2(how="all_gather")
 print(book.table())
+first, stop = book.ranks[0]["rows"]
+glue("fig_micro_per_rank", len(book.ranks[0]["micro"]))
+glue("fig_rows_per_rank", stop - first)
+_ = glue("fig_w1_shape", " × ".join(map(str, book.ranks[0]["local"][0].shape)))
 
 # %% [markdown]
-# Each row shows the first row of the gradient of layer 1's weights (∇W1, 6 × 4). A1's
-# "remote" row is A2's "local" row, and the other way round. Both compute the same
-# average, so both end with the same weights, and these equal one process trained on all
-# 8 micro-batches at once.
+# Each row shows the first row of the gradient of layer 1's weights
+# (∇W1, <span data-glue="fig_w1_shape">6 × 4</span>). A1's "remote" row is A2's "local" row,
+# and the other way round. Both compute the same average, so both end with the same weights,
+# and these equal one process trained on all <span data-glue="split_micro">8</span>
+# micro-batches at once. In the figure, every gradient panel shares one colour scale and the
+# weights another (the two colour bars), so equal colours are equal numbers.
 
 # %%
 a1, a2 = book.ranks
@@ -150,16 +164,17 @@ print("4 ranks, all-gather: identical bits:", four.replicas_identical(),
       f"| largest difference to one process: {four.max_difference():.1e}")
 
 # %% [markdown]
-# Explore: the number of replicas, the exchange and the number of steps. Each change runs
-# real ranks again.
+# Explore: the number of replicas, the exchange and the number of steps. The explorer opens
+# on the run drawn above (the same replicas, exchange and steps), and each change runs real
+# ranks again.
 
 # %%
 from parlab.viz.widgets import book_step_explorer
 
-book_step_explorer()
+book_step_explorer(ranks=len(book.ranks), how=book.how, steps=book.spec.steps)
 
 # %% [markdown]
-# ## 3. Any PyTorch model, on 1, 2 and 4 ranks
+# ## 3. Any PyTorch model, on several ranks
 #
 # `dp.step` is the same recipe for any `torch.nn.Module`: forward and backward over this
 # rank's micro-batches (gradients accumulate), then `all_reduce_buckets` sums the gradients
@@ -181,10 +196,11 @@ def one_step(spec):
 run(one_step, 2, dp.TrainSpec())
 
 # %% [markdown]
-# Now 30 steps of SGD with momentum, on 1, 2 and 4 ranks, against one process that sees
-# the whole batch every step. `dp.train` cuts each run into 5 launches; each resumes from
-# the previous one's in-memory checkpoint (weights and momentum), and the progress bar
-# advances per launch.
+# Now <span data-glue="train_steps">30</span> steps of SGD with momentum, on
+# <span data-glue="train_world_sizes">1, 2 and 4</span> ranks, against one process that sees
+# the whole batch every step. `dp.train` cuts each run into
+# <span data-glue="train_segments">5</span> launches; each resumes from the previous one's
+# in-memory checkpoint (weights and momentum), and the progress bar advances per launch.
 #
 # The bar shows elapsed time and speed, which differ on every run, so this cell is marked
 # `# NBVAL_IGNORE_OUTPUT` and prints nothing else; the next cell prints the results, and
@@ -194,8 +210,9 @@ run(one_step, 2, dp.TrainSpec())
 # %%
 # NBVAL_IGNORE_OUTPUT
 spec = dp.TrainSpec(steps=30, lr=0.1, momentum=0.9)
+segments, world_sizes = 5, (1, 2, 4)
 reference = dp.reference(spec)
-runs = {n: dp.train(spec, n, segments=5, progress=True) for n in (1, 2, 4)}
+runs = {n: dp.train(spec, n, segments=segments, progress=True) for n in world_sizes}
 
 # %%
 from parlab.viz.plots import loss_curves
@@ -207,6 +224,9 @@ for n, ranks in runs.items():
           f"final loss {sum(r.losses[-1] for r in ranks) / n:.4f} "
           f"(one process: {reference.losses[-1]:.4f})")
 show(loss_curves(runs, reference.losses))
+glue("train_steps", spec.steps)
+glue("train_world_sizes", f"{', '.join(map(str, world_sizes[:-1]))} and {world_sizes[-1]}")
+_ = glue("train_segments", segments)
 
 # %% [markdown]
 # ## 4. The production version: `DistributedDataParallel`
@@ -224,7 +244,7 @@ show(loss_curves(runs, reference.losses))
 # | buckets | cap in bytes, last layers first | `bucket_cap_mb` (25 MiB default), same order |
 # | average | sum, then divide by N | divide by N, then sum |
 #
-# Same model, same data, same optimizer, 10 steps each:
+# Same model, same data, same optimizer, <span data-glue="ddp_steps">10</span> steps each:
 
 # %%
 short = spec.replace(steps=10, bucket_cap_bytes=200)
@@ -237,27 +257,66 @@ print("replicas identical   ", *(f"{dp.max_difference(r[0].state, r[1].state) ==
 print("= one process (1e-6) ", *(f"{dp.max_difference(r[0].state, one.state) < 1e-6!s:<12}"
                                for r in (hand, ddp)))
 print("hand-built = DDP (1e-6):", dp.max_difference(hand[0].state, ddp[0].state) < 1e-6)
+_ = glue("ddp_steps", short.steps)
 
 # %% [markdown]
 # ## 5. Buckets: fewer, larger messages
 #
-# Our small model has 6 parameter tensors. Synced one by one, that is 6 all-reduce calls
-# per step; packed into buckets of at most 200 bytes, 3; in one bucket, 1. The bytes are
-# the same, and so are the weights.
+# Our small model has a weight matrix and a bias per layer, and section 3 synced each of
+# them with its own all-reduce. Frameworks pack gradients into **buckets** instead: one
+# flat tensor, one all-reduce. `make_buckets` fills them the way DDP does: from the last
+# tensor back (backward produces the last layer's gradients first), each tensor whole, and a
+# tensor that would push the bucket over the cap starts a new one. The model's tensors, in
+# order (`0.weight` is W1, `0.bias` is b1, and so on; every number is a 4-byte float):
 
 # %%
-for cap in (None, 200, 10**6):
+for name, p in dp.make_model(spec).named_parameters():
+    print(f"{name:<9} {' × '.join(map(str, p.shape))}")
+
+# %% [markdown]
+# **Exercise 02.1 (predict first).** The next cell trains with buckets of at most 200 bytes.
+# How many all-reduce calls does one step make? Replace the `...` and run the cell; the
+# checker says whether you are right, and why, without giving the number away.
+
+# %%
+from parlab.exercises import check
+
+answer_02_1 = ...
+check("02.1", answer_02_1)
+
+# %%
+caps = (None, 200, 10**6)
+calls = {}
+for cap in caps:
     ranks = dp.train(spec.replace(steps=2, bucket_cap_bytes=cap), 2)
+    calls[cap] = ranks[0].calls[0]
     print(f"bucket cap {cap!s:>7} bytes: {ranks[0].calls[0]} all-reduce calls, "
           f"{ranks[0].sync_bytes[0]} bytes per step, equal to one process: "
           f"{dp.max_difference(ranks[0].state, dp.reference(spec.replace(steps=2)).state) < 1e-6}")
+glue("buckets_calls_none", calls[None])
+glue("buckets_cap", caps[1])
+glue("buckets_calls_cap", calls[caps[1]])
+glue("buckets_calls_one", calls[caps[2]])
+glue("grad_bytes", ranks[0].sync_bytes[0])
+_ = glue("grad_numbers", sum(p.numel() for p in dp.make_model(spec).parameters()))
+
+# %% [markdown]
+# Synced one by one, the tensors make <span data-glue="buckets_calls_none">6</span>
+# all-reduce calls per step; packed into buckets of at most
+# <span data-glue="buckets_cap">200</span> bytes,
+# <span data-glue="buckets_calls_cap">3</span>; in one bucket,
+# <span data-glue="buckets_calls_one">1</span>. The bytes are the same in every case (the
+# whole gradient, <span data-glue="grad_numbers">86</span> numbers or
+# <span data-glue="grad_bytes">344</span> bytes), and so are the weights.
 
 # %% [markdown]
 # Why it matters: every message pays a fixed start-up cost (latency, α) before its bytes
 # flow at the link's bandwidth (β): `time = α + bytes / β` per message, and a ring
 # all-reduce over N GPUs is 2(N−1) such steps. The table applies `parlab.comm.cost`'s
-# alpha-beta model to GPT-2 small (124 M parameters in 196 tensors, fp32) on 64 GPUs with
-# 400 Gb/s NICs: the bytes cost the same in every row, the latency does not.
+# alpha-beta model to GPT-2 small (<span data-glue="gpt2_params_m">124</span> M parameters in
+# <span data-glue="gpt2_tensors">196</span> tensors, fp32) on
+# <span data-glue="bucket_gpus">64</span> GPUs with <span data-glue="bucket_gbps">400</span>
+# Gb/s NICs: the bytes cost the same in every row, the latency does not.
 #
 # Why not one bucket for everything? Because the sync of a bucket can start as soon as its
 # gradients exist, while backward is still computing earlier layers. A few medium buckets
@@ -269,17 +328,22 @@ from parlab.data_parallel import bucketing_table
 
 with torch.device("meta"):  # shapes only, no memory
     gpt2 = list(GPT(GPT2_SMALL).parameters())
-print(bucketing_table(gpt2, gpus=64, gbps=400).to_string(index=False))
+gpus, gbps = 64, 400
+print(bucketing_table(gpt2, gpus=gpus, gbps=gbps).to_string(index=False))
+glue("gpt2_params_m", sum(p.numel() for p in gpt2) / 1e6, ".0f")
+glue("gpt2_tensors", len(gpt2))
+glue("bucket_gpus", gpus)
+_ = glue("bucket_gbps", gbps)
 
 # %% [markdown]
 # ## 6. Counting bytes with the toy backend
 #
 # The toy backend runs the ordinary `dist.all_reduce` with algorithms written out as
 # point-to-point messages, and logs each message. We train Figure 8-2's model with all
-# gradients in one bucket, with the **ring** (reduce-scatter, then all-gather: each rank
-# sends 2(N−1) chunks of 1/N of the gradient) and the **naive** algorithm (everyone sends
-# everything to rank 0, which adds and sends the result back), and count what each GPU
-# sent per step.
+# gradients in one bucket, with the **ring** (the gradient cut into N chunks; a
+# reduce-scatter passes chunks around the ring, adding as it goes, then an all-gather passes
+# the finished sums around) and the **naive** algorithm (everyone sends everything to rank 0,
+# which adds and sends the result back), and count what each GPU sent per step.
 #
 # First, the book's claim that the forward pass needs no network, measured: two ranks run
 # a forward pass on their halves of a batch, then the backward pass with its gradient
@@ -307,6 +371,15 @@ print(f"forward + backward + sync: {len(step_log)} messages, {step_log.total_byt
 
 # %% [markdown]
 # Now the bucketed synchronization of Figure 8-2's model, counted per GPU and step.
+#
+# **Exercise 02.2 (predict first).** The next cell syncs the whole gradient
+# (<span data-glue="grad_numbers">86</span> fp32 numbers,
+# <span data-glue="grad_bytes">344</span> bytes) in one bucket with the ring on 4 GPUs. Before
+# you run it: how many bytes does one GPU send per step, on average over the 4?
+
+# %%
+answer_02_2 = ...
+check("02.2", answer_02_2)
 
 # %%
 from parlab.data_parallel import FIGURE_8_2, gradient_bytes, traffic_table
@@ -318,43 +391,78 @@ table = traffic_table(one_bucket, world_sizes=(2, 4), algorithms=("ring", "naive
 print(f"gradient: {size} bytes; ring closed form 2(N-1)/N x {size}")
 print(table.to_string(index=False))
 show(traffic_figure(table, size))
+small, large = sorted(table["ranks"].unique())
+sent = {key: part["sent per step (B)"] for key, part in table.groupby(["ranks", "algorithm"])}
+glue("traffic_small", small)
+glue("traffic_large", large)
+glue("ring_ratio_large", sent[large, "ring"].mean() / size, ".1f")
+glue("ring_min_large", sent[large, "ring"].min())
+glue("ring_max_large", sent[large, "ring"].max())
+_ = glue("naive_root_ratio_large", sent[large, "naive"].max() / size, ".0f")
 
 # %% [markdown]
-# * On **2 GPUs** ring and naive are the same: each GPU sends its whole gradient once.
-# * On **4 GPUs** the ring spreads the work: every GPU sends about 1.5 × the gradient
-#   (exactly 2(N−1)/N on average; 86 numbers do not split into 4 equal chunks, so single
-#   GPUs differ by a few bytes). The naive root sends 3 × the gradient and receives as
-#   much, while the others idle: its NIC is the bottleneck, and it gets worse with every
-#   GPU added.
+# * On **<span data-glue="traffic_small">2</span> GPUs** ring and naive are the same: each GPU
+#   sends its whole gradient once.
+# * On **<span data-glue="traffic_large">4</span> GPUs** the ring spreads the work: every GPU
+#   sends about <span data-glue="ring_ratio_large">1.5</span> × the gradient: two passes
+#   around the ring, each sending N−1 of the N chunks, so 2(N−1)/N on average. The
+#   <span data-glue="grad_numbers">86</span> numbers do not split into
+#   <span data-glue="traffic_large">4</span> equal chunks, so single GPUs send between
+#   <span data-glue="ring_min_large">512</span> and
+#   <span data-glue="ring_max_large">520</span> bytes. The naive root sends
+#   <span data-glue="naive_root_ratio_large">3</span> × the gradient and receives as much,
+#   while the others idle: its NIC is the bottleneck, and it gets worse with every GPU
+#   added.
 #
-# **Traffic per layer does not depend on the batch.** The slides put the cost of data
-# parallelism at C_in × C_out per layer and step: the gradient has the shape of the weight
-# matrix, whatever the number of samples it was summed over. One all-reduce per tensor on
-# 2 ranks, with batches of 8 and 64:
+# **Does a layer's traffic grow with the batch?** The next cell syncs Figure 8-2's model on
+# two ranks, one all-reduce per tensor, once with a small batch and once with a large one,
+# and prints what rank 0 sent for each tensor.
+#
+# **Exercise 02.3 (predict first).** For the second layer's weight matrix W2 (6 inputs,
+# 6 outputs, fp32), how many bytes does rank 0 send per step with a batch of 64 samples?
+
+# %%
+answer_02_3 = ...
+check("02.3", answer_02_3)
 
 # %%
 from parlab.data_parallel import layer_traffic
 
-print(layer_traffic(FIGURE_8_2, batches=(8, 64)).to_string(index=False))
+layer_batches = (8, 64)
+layers = layer_traffic(FIGURE_8_2, batches=layer_batches)
+print(layers.to_string(index=False))
+w2 = layers.iloc[2]
+glue("layer_w2", f"{w2['C_out']} × {w2['C_in']}")
+glue("layer_w2_bytes", w2[f"sent, batch {layer_batches[-1]} (B)"])
+glue("layer_batch_small", layer_batches[0])
+_ = glue("layer_batch_large", layer_batches[-1])
 
 # %% [markdown]
-# A larger batch means more computation per step for the same traffic, which is why data
-# parallelism likes large batches.
+# The slides put the cost of data parallelism at C_in × C_out per layer and step, and the
+# table agrees: the gradient has the shape of the weight matrix, however many samples were
+# summed into it. Rank 0 sends <span data-glue="layer_w2_bytes">144</span> bytes for the
+# <span data-glue="layer_w2">6 × 6</span> weight with a batch of
+# <span data-glue="layer_batch_small">8</span> and with a batch of
+# <span data-glue="layer_batch_large">64</span>. A larger batch means more computation per
+# step for the same traffic, which is why data parallelism likes large batches.
 #
 # ## 7. Hundreds or thousands of GPUs
 #
 # The closed forms of `parlab.comm.cost` (checked against the toy backend's logs by its
 # tests) scale the count up. Below: bytes through the busiest NIC per step, and the time of
 # one gradient all-reduce from the alpha-beta model, against the compute time of the step
-# (6 FLOPs per parameter per token, 8 × 2048 tokens per GPU, an H100 at 40 % of its
-# 989 TFLOP/s; assumptions, not measurements).
+# (<span data-glue="flops_per_token">6</span> FLOPs per parameter per token,
+# <span data-glue="tokens_per_gpu">16,384</span> tokens per GPU, an H100 at
+# <span data-glue="mfu">40%</span> of its <span data-glue="h100_tflops">989</span> TFLOP/s;
+# assumptions, not measurements).
 #
 # * **ring**: per NIC 2(N−1)/N × gradient, which levels off at twice the gradient; its
 #   time levels off too, plus 2(N−1) latencies.
 # * **naive**: the root's NIC carries (N−1) × gradient: hopeless beyond a few GPUs.
 # * **tree**: every message is the whole gradient. The busiest ranks (the root, and the
 #   roots of the subtrees) send about log₂ N of them; half the ranks are leaves and send
-#   one. Measured on 8 and 16 ranks below.
+#   one. Measured on <span data-glue="tree_ranks_small">8</span> and
+#   <span data-glue="tree_ranks_large">16</span> ranks below.
 #
 # GPT-3 175B does not fit on one GPU, so pure data parallelism is a thought experiment
 # here; in practice it is combined with tensor and pipeline parallelism (chapter 05), and
@@ -362,33 +470,55 @@ print(layer_traffic(FIGURE_8_2, batches=(8, 64)).to_string(index=False))
 # overlaps this traffic with backward, so it only costs time where it is longer.
 
 # %%
-from parlab.models import GPT3_175B, count_parameters
+from parlab.models import (
+    FLOPS_PER_PARAMETER_TOKEN, GPT3_175B, H100_BF16_TFLOPS, MFU, compute_seconds, count_parameters
+)
 from parlab.data_parallel import TOKENS_PER_GPU, sync_cost
-from parlab.models import compute_seconds
 
-params = count_parameters(GPT3_175B)["total"]
-print(f"GPT-3 175B, bf16 gradients, 1024 GPUs, 400 Gb/s NICs; "
-      f"compute {compute_seconds(params, TOKENS_PER_GPU):.1f} s per step")
+params, replicas, nic_gbps = count_parameters(GPT3_175B)["total"], 1024, 400
+compute = compute_seconds(params, TOKENS_PER_GPU)
+print(f"GPT-3 175B, bf16 gradients, {replicas} GPUs, {nic_gbps} Gb/s NICs; "
+      f"compute {compute:.1f} s per step")
+cost = {}
 for algorithm in ("ring", "naive", "tree"):
-    busiest, seconds = sync_cost(params, 1024, 400, algorithm)
+    busiest, seconds = cost[algorithm] = sync_cost(params, replicas, nic_gbps, algorithm)
     print(f"  {algorithm:<6} busiest NIC {busiest / 1e9:>10,.0f} GB per step, "
           f"all-reduce {seconds:>9,.1f} s")
+glue("flops_per_token", FLOPS_PER_PARAMETER_TOKEN)
+glue("tokens_per_gpu", TOKENS_PER_GPU, ",")
+glue("mfu", MFU, ".0%")
+glue("h100_tflops", H100_BF16_TFLOPS, ".0f")
+glue("scale_replicas", replicas, ",")
+glue("scale_compute_s", compute, ".1f")
+glue("scale_ring_s", cost["ring"][1], ".1f")
+_ = glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
+
+# %% [markdown]
+# On <span data-glue="scale_replicas">1,024</span> GPUs the ring's all-reduce takes
+# <span data-glue="scale_ring_s">14.0</span> s against
+# <span data-glue="scale_compute_s">43.4</span> s of compute, so it can hide behind backward;
+# the naive root would need about <span data-glue="scale_naive_h">4</span> hours per step.
 
 # %%
 from parlab.comm import one_collective
 from parlab.viz import glue
 
-for n in (8, 16):
+tree_sizes = (8, 16)
+for n in tree_sizes:
     _, tree = run_with_traffic(one_collective, n, "all_reduce", 4, algorithm="tree")
     sent = tree.per_rank()["messages sent"]
     print(f"tree all_reduce on {n:>2} ranks, messages sent per rank: {sent.tolist()}")
-    glue(f"tree_max_{n}", int(sent.max()))
-    glue(f"tree_leaves_{n}", int((sent == 1).sum()))
+glue("tree_ranks_small", tree_sizes[0])
+glue("tree_ranks_large", tree_sizes[-1])
+glue("tree_max_large", int(sent.max()))
+_ = glue("tree_leaves_large", int((sent == 1).sum()))
 
 # %% [markdown]
-# On 16 ranks the root sends <span data-glue="tree_max_16">4</span> messages, log₂ 16, while
-# <span data-glue="tree_leaves_16">8</span> leaves send one each: "log₂ N per rank" is true
-# only of the busiest rank.
+# On <span data-glue="tree_ranks_large">16</span> ranks the root sends
+# <span data-glue="tree_max_large">4</span> messages,
+# log₂ <span data-glue="tree_ranks_large">16</span>, while
+# <span data-glue="tree_leaves_large">8</span> leaves send one each: "log₂ N per rank" is
+# true only of the busiest rank.
 
 # %%
 from parlab.viz.widgets import scaling_explorer
@@ -412,46 +542,70 @@ scaling_explorer()
 # The book's "one lost packet stops the run" merges the two: the second stops a run, the
 # first only slows it. Below is the second kind.
 #
-# We make rank 1 lose its transfer of bucket 1 in step 5 (with 200-byte buckets, a step
-# syncs 3 buckets). Every rank keeps a journal of the buckets it sent and the updates it
-# applied, and rank 0 saves a checkpoint every 3 steps.
+# We make rank <span data-glue="fail_rank">1</span> lose its transfer of bucket
+# <span data-glue="fail_bucket">1</span> in step <span data-glue="fail_step">5</span> (with
+# <span data-glue="fail_cap">200</span>-byte buckets, a step syncs
+# <span data-glue="fail_buckets">3</span> buckets, counted from 0). Every rank keeps a
+# journal of the buckets it sent and the updates it applied, and rank 0 saves a checkpoint
+# every <span data-glue="fail_every">3</span> steps.
 
 # %%
 import tempfile
 
 journal, checkpoints = tempfile.TemporaryDirectory(), tempfile.TemporaryDirectory()
 faulty = spec.replace(steps=8, bucket_cap_bytes=200)
+fail_rank, fail_step, fail_bucket = fail_at = (1, 5, 1)
+every = 3
 try:
-    dp.train(faulty, 2, fail_at=(1, 5, 1), journal_dir=journal.name,
-             checkpoint_dir=checkpoints.name, checkpoint_every=3)
+    dp.train(faulty, 2, fail_at=fail_at, journal_dir=journal.name,
+             checkpoint_dir=checkpoints.name, checkpoint_every=every)
 except RankError as err:
     print(f"RankError: rank {err.rank} raised {err.exc_type}")
     print(err.rank_traceback.strip().splitlines()[-1])
-for rank in (0, 1):
-    print(f"journal of rank {rank}, from step 4 on:")
-    for line in dp.read_journal(journal.name, rank):
-        if int(line.split(":")[0].split()[1]) >= 4:
+journals = {rank: dp.read_journal(journal.name, rank) for rank in (0, 1)}
+for rank, lines in journals.items():
+    print(f"journal of rank {rank}, from step {fail_step - 1} on:")
+    for line in lines:
+        if int(line.split(":")[0].split()[1]) >= fail_step - 1:
             print("    " + line)
+last_update = {int(line.split(":")[0].split()[1])
+               for lines in journals.values() for line in lines if "update applied" in line}
+glue("fail_rank", fail_rank)
+glue("fail_bucket", fail_bucket)
+glue("fail_step", fail_step)
+glue("fail_cap", faulty.bucket_cap_bytes)
+glue("fail_buckets", len(dp.make_buckets(list(dp.make_model(faulty).parameters()),
+                                         faulty.bucket_cap_bytes)))
+glue("fail_every", every)
+_ = glue("fail_last_update", max(last_update))
 
 # %% [markdown]
-# Rank 0 had already received the average of bucket 0 for step 5, but no rank applied a
-# partial update: the update only happens once every bucket has come back. Both journals
-# end with the update of step 4, and the same weights. The job stopped as a whole, which is what the
-# chapter asks of the network: it is better to stop than to go on with wrong numbers.
+# Rank 0 had already received the averages of the buckets before the lost one, but no rank
+# applied a partial update: the update only happens once every bucket has come back. Both
+# journals end with the update of step <span data-glue="fail_last_update">4</span>, and the
+# same weights. The job stopped as a whole, which is what the chapter asks of the network:
+# it is better to stop than to go on with wrong numbers.
 #
-# What would "going on" look like? Below, rank 1 silently keeps its own gradient in step 2,
-# as if its peers' data had been dropped and nobody noticed. Nothing fails, and the two
-# replicas are no longer copies of one model:
+# What would "going on" look like? Below, rank <span data-glue="lose_rank">1</span> silently
+# keeps its own gradient in step <span data-glue="lose_step">2</span>, as if its peers' data
+# had been dropped and nobody noticed. Nothing fails, and the two replicas are no longer
+# copies of one model:
 
 # %%
-drifted = dp.train(spec.replace(steps=10), 2, lose_at=(1, 2))
+lose_rank, lose_step = lose_at = (1, 2)
+drifted = dp.train(spec.replace(steps=10), 2, lose_at=lose_at)
 print("replicas differ after the silent loss (by more than 1e-4):",
       dp.max_difference(drifted[0].state, drifted[1].state) > 1e-4)
+glue("lose_rank", lose_rank)
+_ = glue("lose_step", lose_step)
 
 # %% [markdown]
-# Now the checkpoint. The failed run saved the state after step 3 (weights and momentum);
-# a new launch resumes there and runs steps 4 to 8. Its weights equal an uninterrupted
-# run's exactly. The price: step 4 was finished but not saved, so it is computed twice.
+# Now the checkpoint. The failed run saved the state after step
+# <span data-glue="resume_from">3</span> (weights and momentum); a new launch resumes there
+# and runs steps <span data-glue="resume_first">4</span> to
+# <span data-glue="resume_last">8</span>. Its weights equal an uninterrupted run's exactly.
+# The price: step <span data-glue="fail_last_update">4</span> was finished but not saved, so
+# it is computed twice.
 
 # %%
 start = dp.latest_checkpoint(checkpoints.name)
@@ -460,57 +614,52 @@ uninterrupted = dp.train(faulty, 2)
 print(f"resumed from the checkpoint after step {start['step']}, ran {len(resumed[0].losses)} steps")
 print("final weights equal to an uninterrupted run:",
       dp.max_difference(resumed[0].state, uninterrupted[0].state) == 0)
+glue("resume_from", start["step"])
+glue("resume_first", start["step"] + 1)
+_ = glue("resume_last", start["step"] + len(resumed[0].losses))
 
 # %% [markdown]
-# On the book's scale this is money. `parlab.memory.energy` prices the chapter's run (50,000 GPUs
-# at 350 W for 60 days at $0.10 per kWh) and what a failure two hours into day 60 throws
-# away, without a checkpoint and with one every 3 hours (chapter 01 explores the
-# trade-off).
+# On the book's scale this is money. `parlab.memory.energy` prices the chapter's run
+# (<span data-glue="cost_gpus">50,000</span> GPUs at <span data-glue="cost_watts">350</span> W
+# for <span data-glue="cost_days">60</span> days at
+# $<span data-glue="cost_usd_kwh">0.10</span> per kWh) and what a failure
+# <span data-glue="cost_hours_in">2</span> hours into day
+# <span data-glue="cost_days">60</span> throws away, without a checkpoint and with one every
+# <span data-glue="cost_every">3</span> hours (chapter 01 explores the trade-off).
 
 # %%
 from parlab.memory import failure_cost, training_cost
 
-book_run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
-at = 59 * 24 + 2  # two hours into day 60
+days, hours_in, every_h = 60, 2, 3
+book_run = training_cost(gpus=50_000, watts_per_gpu=350, days=days, usd_per_kwh=0.10)
+at = (days - 1) * 24 + hours_in  # into the last day
+lost, lost_with = failure_cost(book_run, at), failure_cost(book_run, at, every_h)
 print(book_run)
-print(f"failure after {at:,} h, no checkpoint:          ${failure_cost(book_run, at):>12,.0f}")
-print(f"failure after {at:,} h, checkpoint every 3 h:   ${failure_cost(book_run, at, 3):>12,.0f}")
+print(f"failure after {at:,} h, no checkpoint:          ${lost:>12,.0f}")
+print(f"failure after {at:,} h, checkpoint every {every_h} h:   ${lost_with:>12,.0f}")
+glue("cost_gpus", book_run.gpus, ",")
+glue("cost_watts", book_run.watts_per_gpu, ".0f")
+glue("cost_days", days)
+glue("cost_usd_kwh", book_run.usd_per_kwh, ".2f")
+glue("cost_hours_in", hours_in)
+glue("cost_every", every_h)
+glue("cost_lost", lost, ",.0f")
+_ = glue("cost_lost_with", lost_with, ",.0f")
 
 # %% [markdown]
-# ## 9. Exercises
+# The checkpoints turn a loss of $<span data-glue="cost_lost">2,481,500</span> into one of
+# $<span data-glue="cost_lost_with">3,500</span>: only the work since the last one is redone.
+
+# %% [markdown]
+# ## 9. One more exercise
 #
-# Replace each `...` with your answer and run the cell. The checker says whether you are
-# right and why, without giving the answer away.
+# Exercises 02.1 to 02.3 are in sections 5 and 6, each before the cell that prints its
+# answer. The last one is code of your own.
 #
-# **Exercise 02.1.** Four ranks each hold 8 samples of a 32-sample batch and compute the mean
-# loss over their own samples. After the all-reduce has summed their gradients, what must
-# each rank divide the sum by, so that the update equals one process training on the mean
-# loss over all 32 samples?
-
-# %%
-from parlab.exercises import check
-
-check("02.1", ...)
-
-# %% [markdown]
-# **Exercise 02.2.** Eight GPUs synchronize 1.2 GB of gradients with a ring all-reduce. How
-# many GB does each GPU send per step?
-
-# %%
-check("02.2", ...)
-
-# %% [markdown]
-# **Exercise 02.3.** A fully connected layer has C_in = 1024 inputs and C_out = 4096 outputs
-# (fp32 weights; ignore the bias). The batch grows from 32 to 256 samples per GPU. How many
-# bytes does data parallelism synchronize for this layer per step?
-
-# %%
-check("02.3", ...)
-
-# %% [markdown]
-# **Exercise 02.4.** Write `average(grads)`: on each rank, average a list of gradient tensors
-# in place across all ranks with a single `dist.all_reduce` call (pack them into one flat
-# bucket). The checker runs it on 2 and 3 ranks and counts your calls.
+# **Exercise 02.4 (write and run).** Write `average(grads)`: on each rank, average a list of
+# gradient tensors in place across all ranks with a single `dist.all_reduce` call (pack them
+# into one flat bucket, as in section 5). The checker runs it on a few ranks, counts your
+# calls and compares the result with the true average.
 
 # %%
 def average(grads):
@@ -518,6 +667,10 @@ def average(grads):
 
 
 check("02.4", ...)  # when your function is ready: check("02.4", average)
+
+# %% [markdown]
+# Worked solutions are in `pkg/parlab/exercises/ch02_solutions.py`. This notebook does not
+# import it; open it once you have tried.
 
 # %% [markdown]
 # ## What's next

@@ -1,79 +1,153 @@
-"""Chapter 02 exercises: averaging, ring traffic, traffic per layer, and writing the sync.
+"""Chapter 02 exercises: predict the buckets, the ring's bytes and a layer's traffic before the
+notebook prints them, then write the averaging step yourself.
 
-The expected answers are computed when a checker runs (from the same quantities the
-notebook uses), and a wrong answer gets the reason it is wrong, never the number.
+Every expected answer is computed when a checker runs, from the model and formulas the
+notebook itself uses (:data:`parlab.data_parallel.FIGURE_8_2`,
+:func:`parlab.data_parallel.make_buckets`, :func:`parlab.comm.allreduce_bytes_per_rank`);
+a wrong answer gets a hint about which quantity to think about, never the number. The
+worked solutions are in :mod:`parlab.exercises.ch02_solutions`, which the notebook does not
+import: a reader opens it by choice.
 """
 
 from __future__ import annotations
 
+import math
 
 from parlab.exercises.registry import close, exercise, right, wrong
 
+#: 02.1: the bucket cap; 02.2: the ring's size; 02.3: the layer (the model's second weight
+#: matrix, index 2 among weight, bias, weight, ...) and the batch it is asked about.
+_CAP, _RING_GPUS, _LAYER_TENSOR, _BATCH = 200, 4, 2, 64
 
 
-@exercise("02.1", "Four ranks each hold 8 samples of a 32-sample batch and each computes the "
-                  "mean loss over its own samples. After the all-reduce has summed their "
-                  "gradients, what must each rank divide the sum by, so that the update equals "
-                  "one process training on the mean loss over all 32 samples?")
-def _divide_by(answer):
-    ranks, per_rank = 4, 8
+def _number(answer) -> float:
     value = float(answer)
-    if value == ranks:
-        return right("Each local gradient is already a mean over its own samples; the sum of "
-                     "the ranks' means is as many times too large as there are ranks.")
-    if value == ranks * per_rank:
-        return wrong("That would divide by the samples twice: each rank's loss is already a "
-                     "mean over its own samples.")
-    if value == per_rank:
-        return wrong("The samples per rank are already divided out by each rank's mean loss. "
-                     "What else does the sum add up?")
+    if not math.isfinite(value):
+        raise ValueError(f"{answer!r} is not a finite number")
+    return value
+
+
+def _parameters() -> list:
+    """The parameter tensors of Figure 8-2's model (layers 4, 6, 6, 2; fp32), in order."""
+    from parlab.data_parallel import FIGURE_8_2, make_model
+    return list(make_model(FIGURE_8_2).parameters())
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _bucket_count() -> int:
+    """02.1: all-reduce calls per step with buckets of at most ``_CAP`` bytes."""
+    from parlab.data_parallel import make_buckets
+    return len(make_buckets(_parameters(), _CAP))
+
+
+def _ring_mean_bytes() -> float:
+    """02.2: bytes one GPU sends per step, on average, for the whole gradient on a ring."""
+    from parlab.comm import allreduce_bytes_per_rank
+    sent = allreduce_bytes_per_rank(sum(map(_nbytes, _parameters())), _RING_GPUS, "ring")
+    return sum(sent) / len(sent)
+
+
+def _layer_bytes() -> int:
+    """02.3: bytes rank 0 sends for one weight matrix's all-reduce on a ring of 2."""
+    from parlab.comm import allreduce_bytes_per_rank
+    return int(allreduce_bytes_per_rank(_nbytes(_parameters()[_LAYER_TENSOR]), 2, "ring")[0])
+
+
+@exercise("02.1", f"Figure 8-2's model (layers 4, 6, 6, 2: a weight matrix and a bias each, "
+                  f"fp32) packs its gradients into buckets of at most {_CAP} bytes, from the last "
+                  f"tensor back, a tensor never split. How many all-reduce calls does a step "
+                  f"make?")
+def _buckets(answer):
+    params, value, expected = _parameters(), _number(answer), _bucket_count()
+    total = sum(map(_nbytes, params))
+    if value == expected:
+        return right("Whole tensors, last first: a bucket takes the next tensor while it stays "
+                     "under the cap, and the first one that would overflow it starts a new "
+                     "bucket. Fewer calls, the same bytes.")
+    if value != int(value) or value < 1:
+        return wrong("Give a whole, positive number of all-reduce calls.")
+    if value == len(params):
+        return wrong("That is one all-reduce per tensor, with no buckets at all. Several small "
+                     "tensors fit under the cap together.")
     if value == 1:
-        return wrong("Without a division the step is too large: the sum adds several means.")
-    return wrong("Write the mean over 32 samples as an average of the four ranks' means.")
+        return wrong("One bucket would hold the whole gradient. Add up the tensors' bytes: "
+                     "does it stay under the cap?")
+    if value == math.ceil(total / _CAP):
+        return wrong("That divides the gradient's bytes by the cap, as if a tensor could be cut "
+                     "across two buckets. A tensor goes whole into one bucket: pack them one by "
+                     "one and see where each bucket has to close.")
+    if value > len(params):
+        return wrong("There cannot be more buckets than tensors.")
+    return wrong("Write down each tensor's bytes (a weight is C_out x C_in numbers, a bias "
+                 "C_out, 4 bytes each), start from the last one, and add tensors to the "
+                 "current bucket while its total stays at or under the cap.")
 
 
-@exercise("02.2", "Eight GPUs synchronize 1.2 GB of gradients with a ring all-reduce. How many "
-                  "GB does each GPU send per step?")
+@exercise("02.2", f"Figure 8-2's model syncs its whole gradient (fp32) in one bucket with a "
+                  f"ring all-reduce on {_RING_GPUS} GPUs. How many bytes does one GPU send per "
+                  f"step, on average over the {_RING_GPUS}?")
 def _ring_bytes(answer):
-    n, gradient_gb = 8, 1.2
-    expected = 2 * (n - 1) / n * gradient_gb
-    value = float(answer)
+    value, expected = _number(answer), _ring_mean_bytes()
+    n, size = _RING_GPUS, sum(map(_nbytes, _parameters()))
     if close(value, expected):
-        return right("The ring sends almost the whole gradient twice: once while reducing "
-                     "(reduce-scatter), once while sharing (all-gather), each time all but "
-                     "one of the N chunks.")
-    if close(value, gradient_gb) or close(value, (n - 1) / n * gradient_gb):
-        return wrong("That is one pass around the ring. An all-reduce needs a reducing pass "
-                     "and a sharing pass.")
-    if close(value, (n - 1) * gradient_gb) or close(value, 2 * (n - 1) * gradient_gb):
-        return wrong("That is what the root of the naive algorithm sends. In a ring each "
-                     "rank forwards chunks of 1/N of the gradient.")
-    if close(value, 2 * gradient_gb):
-        return wrong("Close: count the chunks a rank sends in each pass; there are N chunks "
-                     "and N-1 steps per pass.")
-    return wrong("Cut the gradient into N chunks; count the chunks one rank sends in the "
+        return right("Two passes around the ring, a reduce-scatter and an all-gather, each "
+                     "sending N - 1 of the N chunks: 2(N-1)/N of the gradient. Uneven chunks "
+                     "make single GPUs differ by a few bytes; the average is exact.")
+    if close(value, expected / 4):
+        return wrong("That counts numbers. The question asks for bytes, and fp32 numbers are "
+                     "4 bytes each.")
+    if close(value, size):
+        return wrong("That is the whole gradient once, what each GPU sends on a ring of 2. "
+                     "With more GPUs the ring cuts the gradient into N chunks: count the chunks "
+                     "one GPU sends.")
+    if close(value, (n - 1) / n * size):
+        return wrong("That is one pass around the ring, the reduce-scatter. The all-gather that "
+                     "shares the sums sends as much again.")
+    if close(value, (n - 1) * size):
+        return wrong("That is what the naive algorithm's root sends. In a ring each GPU only "
+                     "forwards chunks of 1/N of the gradient.")
+    if close(value, 2 * size):
+        return wrong("That is where the ring levels off for very many GPUs. Each pass sends "
+                     "N - 1 of the N chunks, not all of them.")
+    if value > 2 * size:
+        return wrong("Each step of the ring sends one chunk (1/N of the gradient), not the "
+                     "whole gradient.")
+    return wrong("Start from the gradient's bytes (every parameter has a gradient, 4 bytes "
+                 "each), cut it into N chunks, and count the chunks one GPU sends in the "
                  "reduce-scatter and in the all-gather.")
 
 
-@exercise("02.3", "A fully connected layer has C_in = 1024 inputs and C_out = 4096 outputs (fp32 "
-                  "weights; ignore the bias). The batch grows from 32 to 256 samples per GPU. "
-                  "How many bytes does data parallelism synchronize for this layer per step?")
-def _bytes_per_layer(answer):
-    c_in, c_out, dtype_bytes, old, new = 1024, 4096, 4, 32, 256
-    expected = c_in * c_out * dtype_bytes
-    value = float(answer)
+@exercise("02.3", f"Figure 8-2's model syncs one all-reduce per tensor on a ring of 2 ranks. For "
+                  f"the second layer's weight matrix (6 inputs, 6 outputs, fp32), how many bytes "
+                  f"does rank 0 send per step with a batch of {_BATCH} samples?")
+def _layer_traffic(answer):
+    value, expected = _number(answer), _layer_bytes()
+    weight = _parameters()[_LAYER_TENSOR]
+    c_out, c_in = weight.shape
     if value == expected:
-        return right("The gradient has the shape of the weights, C_in x C_out, whatever the "
-                     "batch: a larger batch costs more computation, not more traffic.")
-    if value in (expected * new / old, expected * new, expected * old):
-        return wrong("The gradient is summed over the samples before it is sent. Does its "
-                     "shape depend on the batch?")
+        return right("The gradient has the weight's shape, C_in x C_out, whatever the batch: "
+                     "the samples are summed into it before anything is sent. On a ring of 2 "
+                     "each rank sends half of it twice, one tensor's worth. A larger batch costs "
+                     "computation, not traffic.")
     if value == c_in * c_out:
         return wrong("That counts numbers; the question asks for bytes (fp32).")
-    if value in (new * c_out * dtype_bytes, new * c_in * dtype_bytes, old * c_out * dtype_bytes):
-        return wrong("That is the size of activations, which tensor parallelism moves. Data "
-                     "parallelism moves gradients.")
-    return wrong("Which tensor does data parallelism synchronize, and what is its shape?")
+    if value == 2 * expected:
+        return wrong("On a ring of 2, each pass (reduce-scatter, then all-gather) sends half "
+                     "the tensor, not all of it.")
+    if value > expected and value % expected == 0:
+        return wrong("That grows with the batch. The gradient is summed over the samples "
+                     "before it is sent: does its shape depend on how many there were?")
+    if value in (_BATCH * c_out * 4, _BATCH * c_in * 4):
+        return wrong("That is the size of the layer's activations (batch x neurons), which "
+                     "tensor parallelism moves. Data parallelism moves gradients.")
+    if value == expected + c_out * 4:
+        return wrong("The bias is a tensor of its own, with its own all-reduce. Count the "
+                     "weight matrix only.")
+    return wrong("Which tensor does data parallelism synchronize for this layer, what is its "
+                 "shape, and how much of it does one of 2 ranks send in a ring all-reduce?")
 
 
 @exercise("02.4", "Write average(grads): on each rank, average a list of gradient tensors in "

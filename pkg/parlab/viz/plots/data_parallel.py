@@ -24,7 +24,9 @@ def figure_8_2(result: BookRun, item: int = 0):
     """Figure 8-2 for real: per GPU its micro-batches, local, remote, averaged ∇, new weights.
 
     A last column shows one process trained on the whole batch: its gradient is the
-    average the replicas computed together, and its weights are theirs.
+    average the replicas computed together, and its weights are theirs. Every gradient
+    panel shares one colour scale (a colour bar beside them), and the weights another, so
+    a colour means the same number in every panel of its kind.
     """
     import matplotlib.pyplot as plt
 
@@ -35,8 +37,12 @@ def figure_8_2(result: BookRun, item: int = 0):
     columns = result.ranks + [{"micro": everything, "averaged": result.reference_grads,
                                "weights": result.reference}]
     titles = [f"{name}: full replica" for name in result.names] + ["one process, whole batch"]
-    fig, axes = plt.subplots(len(rows) + 1, n + 1, figsize=(2.6 * (n + 1) + 1.2, 8.6),
+    scales = {"gradient": _shared_scale(columns, ("local", "remote", "averaged"), item),
+              "weights": _shared_scale(columns, ("weights",), item)}
+    cmaps = {"gradient": "RdBu_r", "weights": "PuOr_r"}
+    fig, axes = plt.subplots(len(rows) + 1, n + 1, figsize=(2.6 * (n + 1) + 2.2, 8.6),
                              squeeze=False, gridspec_kw={"height_ratios": [0.5] + [1] * len(rows)})
+    images = {}
     for c, (title, run) in enumerate(zip(titles, columns)):
         color = GPU_COLORS.get(title.split(":")[0], "#555555")
         ax = axes[0][c]
@@ -60,8 +66,9 @@ def figure_8_2(result: BookRun, item: int = 0):
             if key not in run:
                 ax.axis("off")
                 continue
-            bound = max(float(col[key][item].abs().max()) for col in columns if key in col) or 1.0
-            ax.imshow(run[key][item].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            kind = "weights" if key == "weights" else "gradient"
+            images[kind] = ax.imshow(run[key][item].numpy(), cmap=cmaps[kind],
+                                     vmin=-scales[kind], vmax=scales[kind])
     if n == 2:
         axes[2][0].annotate("", xy=(1.05, 0.5), xycoords="axes fraction", xytext=(-0.05, 0.5),
                             textcoords=axes[2][1].transAxes,
@@ -70,8 +77,23 @@ def figure_8_2(result: BookRun, item: int = 0):
                         fontsize=8, color="#555555")
     fig.suptitle(f"Figure 8-2 for real ({result.how}): {n} replicas; their weights equal one "
                  f"process's to {result.max_difference():.1e}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1 - 1.0 / fig.get_figwidth(), 1))
+    for ax in axes[1:].ravel():
+        ax.apply_aspect()  # the image's own box, so the colour bars line up with it
+    for kind, first, last, label in (
+            ("gradient", 1, len(rows) - 1, "∇W1 entry (every ∇ panel)"),
+            ("weights", len(rows), len(rows), "W1 entry")):
+        top, bottom = axes[first][0].get_position(), axes[last][-1].get_position()
+        bar = fig.add_axes((bottom.x1 + 0.25 / fig.get_figwidth(), bottom.y0,
+                            0.12 / fig.get_figwidth(), top.y1 - bottom.y0))
+        fig.colorbar(images[kind], cax=bar, label=label)
     return fig
+
+
+def _shared_scale(columns, keys, item: int) -> float:
+    """The largest |entry| of tensor ``item`` over every panel of ``keys``: the colour limit."""
+    return max(float(col[key][item].abs().max()) for col in columns for key in keys
+               if key in col) or 1.0
 
 
 def loss_curves(runs: dict, reference_losses):

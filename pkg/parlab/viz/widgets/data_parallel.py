@@ -17,8 +17,13 @@ def draw_book_step(ranks: int, how: str, steps: int):
     return figure_8_2(result)
 
 
-def book_step_explorer(ranks: int = 2, how: str = "all_gather", steps: int = 3) -> Explorer:
-    """Replicas (1, 2, 4), the exchange (all_gather or all_reduce), and training steps."""
+def book_step_explorer(ranks: int = 2, how: str = "all_gather",
+                       steps: int = FIGURE_8_2.steps) -> Explorer:
+    """Replicas (1, 2, 4), the exchange (all_gather or all_reduce), and training steps.
+
+    The defaults are :func:`run_figure_8_2`'s, so the explorer opens on the step the chapter
+    draws just above it.
+    """
     import ipywidgets as w
 
     controls = {

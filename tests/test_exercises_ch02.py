@@ -1,0 +1,118 @@
+"""Chapter 02's exercises: each checker against answers worked out by hand, hints that teach
+without the number, and solutions out of the notebook's reach that agree with the checkers."""
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from parlab.exercises import check
+
+CHAPTER = Path(__file__).resolve().parents[1] / "chapters" / "02_data_parallelism.py"
+
+#: Figure 8-2's model, layers 4 -> 6 -> 6 -> 2, in bytes (fp32), last tensor first:
+#: b3 8, W3 48, b2 24 | W2 144, b1 24 | W1 96.
+LAST_FIRST = [2 * 4, 6 * 2 * 4, 6 * 4, 6 * 6 * 4, 6 * 4, 6 * 4 * 4]
+GRADIENT = sum(LAST_FIRST)  # 86 numbers
+CH02 = {
+    # buckets under 200 B: 8 + 48 + 24 = 80 (+144 > 200); 144 + 24 = 168 (+96 > 200); 96
+    "02.1": 3,
+    # ring on 4 GPUs: 2 passes x 3 chunks x (344 / 4) B
+    "02.2": 2 * 3 * GRADIENT // 4,
+    # W2 is 6 x 6 fp32 = 144 B; a ring of 2 sends half of it in each of its 2 passes
+    "02.3": 2 * (6 * 6 * 4 // 2),
+}
+
+
+def test_hand_worked_answers_are_what_they_say():
+    assert GRADIENT == 344 and CH02 == {"02.1": 3, "02.2": 516, "02.3": 144}
+
+
+def test_checkers_accept_the_hand_computed_answers_and_hide_them():
+    for exercise_id, answer in CH02.items():
+        assert check(exercise_id, answer).ok is True, exercise_id
+        assert check(exercise_id, float(answer)).ok is True, exercise_id
+        for wrong_answer in (answer + 20, answer // 2, 2 * answer, 12345):
+            verdict = check(exercise_id, wrong_answer)
+            assert verdict.ok is False, (exercise_id, wrong_answer)
+            assert str(answer) not in verdict.message, (exercise_id, verdict)
+        assert check(exercise_id, ...).ok is None
+        assert check(exercise_id, "many").ok is False
+
+
+def test_the_ring_accepts_what_single_gpus_measure_but_not_one_pass():
+    # 86 numbers in 4 chunks of 22, 22, 21, 21: single GPUs send 512 to 520 B (the toy backend)
+    for sent in (512, 520):
+        assert check("02.2", sent).ok is True
+    assert check("02.2", 3 * GRADIENT // 4).ok is False
+
+
+def test_hints_name_the_mistake():
+    assert "one all-reduce per tensor" in check("02.1", 6).message
+    assert "cut across two buckets" in check("02.1", -(-GRADIENT // 200)).message
+    assert "does it stay under the cap" in check("02.1", 1).message
+    assert "whole, positive" in check("02.1", 2.5).message
+    assert "counts numbers" in check("02.2", 2 * 3 * 86 // 4).message
+    assert "one pass around the ring" in check("02.2", 3 * GRADIENT / 4).message
+    assert "naive algorithm's root" in check("02.2", 3 * GRADIENT).message
+    assert "levels off" in check("02.2", 2 * GRADIENT).message
+    assert "grows with the batch" in check("02.3", 144 * 64 // 8).message
+    assert "counts numbers" in check("02.3", 36).message
+    assert "activations" in check("02.3", 64 * 6 * 4).message
+    assert "bias is a tensor of its own" in check("02.3", 144 + 24).message
+    assert "half the tensor" in check("02.3", 288).message
+
+
+def _average(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(piece.view_as(g))
+
+
+def _per_tensor(grads):
+    for g in grads:
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+
+
+def _sum_only(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(piece.view_as(g))
+
+
+def test_write_average_counts_calls_and_checks_the_values():
+    assert check("02.4", _average).ok is True
+    verdict = check("02.4", _per_tensor)
+    assert verdict.ok is False and "3 time(s)" in verdict.message
+    verdict = check("02.4", _sum_only)
+    assert verdict.ok is False and "differs from the average" in verdict.message
+    assert check("02.4", 42).ok is False
+
+
+def test_solutions_are_out_of_the_notebooks_reach_and_agree():
+    from parlab.exercises import ch02
+    from parlab.exercises.ch02_solutions import solutions
+    assert not hasattr(ch02, "_answers")
+    loaded = subprocess.run([sys.executable, "-c", "import sys, parlab.exercises; "
+                             "print('parlab.exercises.ch02_solutions' in sys.modules)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False"
+    assert "ch02_solutions import" not in CHAPTER.read_text()
+    assert "import ch02_solutions" not in CHAPTER.read_text()
+    worked = solutions()
+    assert {k: s.answer for k, s in worked.items() if k != "02.4"} == CH02
+    assert check("02.4", worked["02.4"].answer).ok is True
+    assert all(f"Answer: {answer}" in str(worked[k]) for k, answer in CH02.items())
+
+
+def test_each_predict_first_exercise_comes_before_the_cell_that_prints_its_answer():
+    text = CHAPTER.read_text()
+    reveals = {"02.1": "for cap in caps", "02.2": "traffic_table(", "02.3": "layer_traffic("}
+    for exercise_id, reveal in reveals.items():
+        asked = text.index(f'check("{exercise_id}"')
+        assert asked < text.index(reveal), exercise_id
