@@ -16,20 +16,10 @@ so the two must agree.
 from __future__ import annotations
 
 import inspect
-from typing import Any, NamedTuple
+
+from parlab.exercises.registry import Solution
 
 __all__ = ["Solution", "solutions", "average"]
-
-
-class Solution(NamedTuple):
-    """The answer to one exercise (a number, or for 02.4 a function) and how to get there."""
-
-    answer: Any
-    working: str
-
-    def __str__(self) -> str:
-        shown = self.answer.__name__ if callable(self.answer) else f"{self.answer:,}"
-        return f"{self.working}\nAnswer: {shown}"
 
 
 #: Figure 8-2's tensors in the model's order: (name, numbers).

@@ -14,22 +14,10 @@ with the simulator (:mod:`parlab.pipeline`), so the two must agree.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import NamedTuple
+
+from parlab.exercises.registry import Solution
 
 __all__ = ["Solution", "solutions"]
-
-
-class Solution(NamedTuple):
-    """The answer to one exercise and how to get there."""
-
-    answer: object
-    working: str
-
-    def __str__(self) -> str:
-        answer = self.answer
-        if isinstance(answer, Fraction):
-            answer = f"{answer} = {float(answer):.4f}"
-        return f"{self.working}\nAnswer: {answer}"
 
 
 def _gpipe_bubble() -> Solution:

@@ -14,19 +14,9 @@ so the two must agree.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from parlab.exercises.registry import Solution
 
 __all__ = ["Solution", "solutions"]
-
-
-class Solution(NamedTuple):
-    """The answer to one exercise and how to get there."""
-
-    answer: int
-    working: str
-
-    def __str__(self) -> str:
-        return f"{self.working}\nAnswer: {self.answer:,}"
 
 
 #: The chapter's small runs: batch 2 x 4 tokens x d_model 8 on 2 GPUs; X holds 4-byte floats.

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from fractions import Fraction
+from typing import Any, Callable, NamedTuple
 
-__all__ = ["check", "exercise", "Verdict", "right", "wrong", "close", "list_exercises"]
+__all__ = ["check", "exercise", "Verdict", "right", "wrong", "close", "list_exercises",
+           "Solution"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,29 @@ class Verdict:
 
     def __bool__(self) -> bool:
         return bool(self.ok)
+
+
+class Solution(NamedTuple):
+    """A worked solution (in a chapter's ``chNN_solutions`` module): the answer and the working.
+
+    The answer prints as a function's name, a fraction with its decimal, an int with thousands
+    separators, or as itself.
+    """
+
+    answer: Any
+    working: str
+
+    def __str__(self) -> str:
+        answer = self.answer
+        if callable(answer):
+            shown = answer.__name__
+        elif isinstance(answer, Fraction):
+            shown = f"{answer} = {float(answer):.4f}"
+        elif isinstance(answer, int):
+            shown = f"{answer:,}"
+        else:
+            shown = str(answer)
+        return f"{self.working}\nAnswer: {shown}"
 
 
 @dataclass(frozen=True)
