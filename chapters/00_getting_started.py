@@ -284,11 +284,11 @@ show(steps_figure(ring, title="ring all_reduce of 64 bytes on 4 ranks", columns=
 # sum back: only <span data-glue="naive_steps">2</span> steps, but rank 0 sends and receives
 # `(n-1)` times the whole tensor. With <span data-glue="ranks">4</span> ranks that is
 # <span data-glue="naive_factor">3</span> x <span data-glue="tensor_bytes">64</span> =
-# <span data-glue="naive_root_sent">192</span> bytes through one network card, against
-# <span data-glue="ring_sent">96</span> for every rank of the ring; with
+# <span data-glue="naive_root_sent">192</span> bytes out of one network card (and as many
+# in), against <span data-glue="ring_sent">96</span> for every rank of the ring; with
 # <span data-glue="many_gpus">1,000</span> GPUs it is <span data-glue="many_naive">999</span>
 # times the gradient, while each rank of the ring sends
-# <span data-glue="many_ring">1.998</span> times it (`2(n-1)/n < 2` for any n).
+# <span data-glue="many_ring">1.998</span> times the gradient (`2(n-1)/n < 2` for any n).
 
 # %%
 from parlab.comm import allreduce_bytes_per_rank
@@ -336,7 +336,7 @@ explorer
 # Figure 8-19 (GPUs in servers joined by NVLink; each GPU's network card on a rail switch)
 # and `parlab.comm.traffic` turns messages into time with the alpha-beta model: each message
 # costs a latency alpha plus its bytes divided by the bandwidth, and a step lasts as long as
-# its slowest message. For a <span data-glue="cost_gib">1</span> GiB gradient and
+# its slowest message. For a <span data-glue="cost_gb">1</span> GB gradient and
 # <span data-glue="cost_gbps">400</span> Gb/s network cards, the naive
 # algorithm's one busy card makes it slower and slower as GPUs are added; the ring's time
 # hardly grows.
@@ -344,8 +344,8 @@ explorer
 # %%
 from parlab.comm import allreduce_time, nic
 
-gradient, gbps = 2**30, 400
-glue("cost_gib", gradient / 2**30, "g")
+gradient, gbps = 10**9, 400  # bytes, Gb/s
+glue("cost_gb", gradient / 1e9, "g")
 glue("cost_gbps", gbps)
 for n in (2, 8, 64):
     ring_s, naive_s = (allreduce_time(gradient, n, a, nic(gbps)) for a in ("ring", "naive"))
@@ -387,9 +387,9 @@ answer_00_3 = ...
 check("00.3", answer_00_3)
 
 # %% [markdown]
-# **Exercise 00.4.** Rank 0 broadcasts a tensor to 8 ranks, which takes 7 steps when it is
-# passed along the ring: how many steps does the **tree** algorithm take (predict, then set
-# the explorer above to broadcast, tree, 8 ranks)?
+# **Exercise 00.4.** Rank 0 broadcasts a tensor to 8 ranks. Passed along the ring, it takes
+# 7 steps. How many steps does the **tree** algorithm take? (Predict, then set the explorer
+# above to broadcast, tree, 8 ranks.)
 
 # %%
 answer_00_4 = ...

@@ -195,12 +195,13 @@ counts = count_parameters(GPT3_175B)
 for part in ("attention", "feed_forward", "layer_norms", "block", "blocks", "token_embedding",
              "position_embedding", "final_norm", "total"):
     print(f"{part:<20}{counts[part]:>18,}")
-glue("gpt3_attention_m", counts["attention"] / 1e6, ".0f")
+glue("gpt3_attention_m", counts["attention"] / 1e6, ".2f")
 glue("gpt3_blocks_b", counts["blocks"] / 1e9, ".0f")
 _ = glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
 
 # %% [markdown]
-# The book's 605 M is <span data-glue="gpt3_attention_m">604</span> M rounded up, and its
+# The book's 605 M is a slip: <span data-glue="gpt3_attention_m">604.03</span> M rounds down
+# to 604 M (chapter 04 shows the rounding). Its
 # "about 173 billion" for 96 blocks comes out nearer
 # <span data-glue="gpt3_blocks_b">174</span> billion; the total lands at
 # <span data-glue="gpt3_total_b">174.6</span> billion, "about 175 billion".
@@ -224,16 +225,12 @@ print("formula:", count_parameters(TINY)["total"], " module:",
 # parameter, from `memory.model_state_bytes` for one parameter:
 
 # %%
-print(f"{'precision, optimizer':<22}{'weights':>8}{'gradients':>10}{'master':>7}"
-      f"{'optimizer':>10}{'bytes':>6}")
-for precision, optimizer in (("fp32", "sgd"), ("fp32", "adam"), ("bf16", "adam")):
-    states = memory.model_state_bytes(1, optimizer, precision)
-    print(f"{precision + ', ' + optimizer:<22}{states.parameters:>8}{states.gradients:>10}"
-          f"{states.master_weights:>7}{states.optimizer_state:>10}{states.total:>6}")
+print(memory.bytes_per_parameter_table())
 _ = glue("bf16_adam_bytes", memory.model_state_bytes(1, "adam", "bf16").total)
 
 # %% [markdown]
-# (fp16 mixed precision keeps the same bytes as bf16.) Activations grow with the batch and the sequence length (and with its square inside
+# (fp16 mixed precision keeps the same bytes as bf16.) Activations grow with the batch and
+# the sequence length (and with its square inside
 # attention). `memory.estimate` adds all of it up for one GPU:
 
 # %%
@@ -274,7 +271,7 @@ for model, shape in ((BookMLP((64, 256, 256, 10)), (32,)), (small, (4, 64))):
 #
 # The bars below use the same calculator for the GPT-2 and smaller GPT-3 sizes in fp32
 # with Adam, all on one GPU, for a batch of <span data-glue="sizes_batch">8</span> sequences of
-# <span data-glue="sizes_seq">1024</span> tokens. At this batch size
+# <span data-glue="sizes_seq">1,024</span> tokens. At this batch size
 # one 80 GB GPU stops being enough somewhere between GPT-2 large and GPT-2 XL, and the
 # activations are the largest part.
 
@@ -283,7 +280,7 @@ from parlab.viz.plots import model_sizes_figure
 
 shape = (8, 1024)  # sequences x tokens
 glue("sizes_batch", shape[0])
-glue("sizes_seq", shape[1])
+glue("sizes_seq", shape[1], ",")
 show(model_sizes_figure(shape))
 
 # %% [markdown]
@@ -309,35 +306,39 @@ print(plan.breakdown.table())
 # ### Why chapter 05 needs more GPUs per model copy
 #
 # The search above fits GPT-3 on <span data-glue="copy_few">64</span> GPUs. Chapter 05's
-# planner puts GPT-3 on <span data-glue="copy_cluster">1,024</span> GPUs and finds nothing with fewer than
-# <span data-glue="copy_planner">128</span> GPUs per copy of the model. Both numbers are right; they answer different questions. The
-# search above trains <span data-glue="copy_small_batch">8</span> sequences as a single
-# micro-batch: only one micro-batch is ever in
-# the pipeline, so the first stage keeps the activations of one, but all but one stage wait
-# at any moment. A real step of GPT-3 trains <span data-glue="copy_batch">1,536</span> sequences and cuts them into many
-# micro-batches so that the stages work at once; under 1F1B (chapter 03) the first stage then
-# keeps as many micro-batches as there are stages. `parlab.hybrid.copy_sizes` changes one
+# planner puts GPT-3 on <span data-glue="copy_cluster">1,024</span> GPUs and finds nothing
+# with fewer than <span data-glue="copy_planner">128</span> GPUs per copy of the model. Both
+# numbers are right; they answer different questions. The search above trains
+# <span data-glue="copy_few_batch">8</span> sequences as a single micro-batch: only one
+# micro-batch is ever in the pipeline, so the first stage keeps the activations of one, but
+# all but one stage wait at any moment. A real step of GPT-3 trains
+# <span data-glue="copy_step_batch">1,536</span> sequences and cuts them into many
+# micro-batches so that the stages work at once; under 1F1B (chapter 03) the first stage
+# then keeps as many micro-batches as there are stages. `parlab.hybrid.copy_sizes` changes one
 # assumption at a time:
 
 # %%
 from parlab.hybrid import copy_sizes
 
-sizes = copy_sizes("GPT-3 175B", small_batch=8, global_batch=1536, gpus=1024)
+cluster = 1024  # GPUs, as in chapter 05
+sizes = copy_sizes("GPT-3 175B", small_batch=8, global_batch=1536, gpus=cluster)
 print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
 for row in sizes:
     print(row.row())
 glue("copy_few", sizes[0].gpus)
-glue("copy_small_batch", 8)
-glue("copy_cluster", 1024, ",")
-glue("copy_batch", 1536, ",")
+glue("copy_few_batch", sizes[0].micro_batch)
+glue("copy_step_batch", sizes[1].microbatches * sizes[1].micro_batch, ",")
+glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
+glue("copy_cluster", cluster, ",")
 glue("copy_planner", sizes[4].gpus)
 glue("copy_same_split_gb", sizes[1].memory.total / 1e9, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 _ = glue("copy_recompute", sizes[3].gpus)
 
 # %% [markdown]
-# The <span data-glue="copy_few">64</span>-GPU split holds chapter 05's step only with a pipeline that idles almost all the
-# time; given that step, it needs <span data-glue="copy_same_split_gb">136</span> GB per GPU.
+# The <span data-glue="copy_few">64</span>-GPU split holds GPT-3 only with a pipeline that is
+# idle <span data-glue="copy_few_bubble">97</span> % of the time; given chapter 05's step, the
+# same split needs <span data-glue="copy_same_split_gb">136</span> GB per GPU.
 # Sized for that step, a copy needs <span data-glue="copy_fewest">72</span> GPUs, or
 # <span data-glue="copy_recompute">40</span> if every block recomputes its activations in the
 # backward pass (chapter 06). The planner adds two rules of its own: every stage holds the
@@ -479,13 +480,13 @@ for optimizer, precision in (("sgd", "fp32"), ("adam", "fp32"), ("adam", "bf16")
 # a attention heads, with 2-byte activations and 1-byte dropout masks. It is built the way
 # ours is: for each operation, whatever its backward pass will need. `memory.compare_block`
 # sets the two side by side, term by term, for one block; here one block of GPT-3 175B with
-# one sequence of <span data-glue="korthikanti_seq">2048</span> tokens in bf16.
+# one sequence of <span data-glue="korthikanti_seq">2,048</span> tokens in bf16.
 
 # %%
 from parlab.units import format_bytes
 
 seq = 2048
-glue("korthikanti_seq", seq)
+glue("korthikanti_seq", seq, ",")
 table = memory.compare_block(GPT3_175B, batch=1, seq=seq, precision="bf16")
 print(table.to_string(formatters={"Korthikanti": "{:,}".format, "ours": "{:,}".format,
                                   "why they differ": lambda why: f"  {why:<72}"}))

@@ -172,3 +172,14 @@ def test_explorers_offer_the_hf_presets(capsys):
     assert "Llama-3-8B" in out and "4.02 GB" in out and "at least" in out
     assert draw_plan("Llama-3-8B", 64, 80, 400, 450) is not None
     assert "Llama-3-8B on 64 GPUs" in capsys.readouterr().out
+
+
+def test_bytes_per_parameter_table_matches_the_dtype_sizes():
+    """Hand-counted: fp32 weight + fp32 gradient (+ 1 or 2 fp32 optimizer values); mixed
+    precision keeps 2-byte weights and gradients, a 4-byte master copy and Adam's 2 x 4 B."""
+    rows = memory.bytes_per_parameter_table().splitlines()
+    assert rows[1].split()[-5:] == ["4", "4", "-", "0", "8"]
+    assert rows[2].split()[-5:] == ["4", "4", "-", "8", "16"]
+    assert rows[3].split()[-5:] == ["2", "2", "4", "8", "16"]
+    momentum = memory.bytes_per_parameter_table((("fp16", "momentum"),)).splitlines()[1]
+    assert momentum.split()[-5:] == ["2", "2", "4", "4", "12"]

@@ -55,8 +55,10 @@ def quantities(notebook: Path) -> list[tuple[int, str, str]]:
         text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
         text = NAMES.sub("NAME", text)
         text = re.sub(r'"[^"\n]*"|“[^”]*”', "QUOTE", text)  # quoted words are someone else's
+        # an exercise's paragraph states its givens
+        text = "\n\n".join(p for p in re.split(r"\n\s*\n", text) if "**Exercise" not in p)
         for sentence in re.split(r"(?<=[.;!?])\s+|\n\s*\n|\n\s*(?:[*|-]|\d+\.)\s", text):
-            if "Exercise" in sentence or ATTRIBUTED.search(sentence):
+            if ATTRIBUTED.search(sentence):
                 continue
             for match in QUANTITY.finditer(sentence):
                 found.append((index, match.group(0), " ".join(sentence.split())))
@@ -77,8 +79,9 @@ def test_the_check_catches_a_typed_quantity(tmp_path):
         'The ring sends <span data-glue="r">1.5</span> × the gradient.',
         "The book says 605 M.",
         "GPT-3 175B on H100s in bf16; see Figure 8-14 and chapter 05.",
-        "**Exercise 02.1.** Four ranks hold 8 samples of 32.")]
+        "**Exercise 02.1.** Four ranks hold 8 samples.\nOf 32 samples in 2 steps?",
+        "After the exercise: 2 steps.")]
     path = tmp_path / "09_probe.ipynb"
     path.write_text(json.dumps({"cells": cells}))
     assert [(i, q) for i, q, _ in quantities(path)] == [(0, "1.5 ×"), (0, "464 B"),
-                                                         (0, "3 steps")]
+                                                         (0, "3 steps"), (5, "2 steps")]

@@ -31,8 +31,8 @@ from typing import NamedTuple
 import torch
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "ZERO_STAGES", "Precision", "ModelStates",
-           "model_state_bytes", "check_zero", "check_precision", "check_optimizer", "check_split",
-           "check_positive"]
+           "model_state_bytes", "bytes_per_parameter_table", "check_zero", "check_precision",
+           "check_optimizer", "check_split", "check_positive"]
 
 
 class Precision(NamedTuple):
@@ -150,3 +150,19 @@ def model_state_bytes(parameters: int, optimizer: str = "adam", precision: str =
     return ModelStates(parameters=p.bytes * held(3), gradients=p.bytes * held(2),
                        master_weights=_FP32 * held(1) if p.master else 0,
                        optimizer_state=_FP32 * state_values * held(1))
+
+
+def bytes_per_parameter_table(settings=(("fp32", "sgd"), ("fp32", "adam"), ("bf16", "adam"))
+                              ) -> str:
+    """The model states of one parameter, part by part, for each (precision, optimizer);
+    "-" where the precision keeps no fp32 master copy."""
+    header = (f"{'precision, optimizer':<22}{'weights':>8}{'gradients':>10}{'master':>7}"
+              f"{'optimizer':>10}{'bytes':>6}")
+    rows = [header]
+    for precision, optimizer in settings:
+        states = model_state_bytes(1, optimizer, precision)
+        master = states.master_weights if check_precision(precision).master else "-"
+        rows.append(f"{precision + ', ' + optimizer:<22}{states.parameters:>8}"
+                    f"{states.gradients:>10}{master:>7}{states.optimizer_state:>10}"
+                    f"{states.total:>6}")
+    return "\n".join(rows)
