@@ -227,8 +227,8 @@ for name, other in runs.items():
 # logs every message a rank sends. Run the book's schedule on it, and the messages of each
 # time step should be exactly that step's communication list: the same pairs of GPUs, and
 # each message the size of one micro-batch's activation or error
-# (<span data-glue="net_mb_size">2</span> samples x <span data-glue="net_width">4</span>
-# values x 4 bytes). That includes step <span data-glue="err_e1">6</span>'s E1 from B1 to
+# (<span data-glue="net_mb_size">2</span> samples × <span data-glue="net_width">4</span>
+# values × 4 bytes). That includes step <span data-glue="err_e1">6</span>'s E1 from B1 to
 # A2, the transfer the chapter's text leaves out.
 
 # %%
@@ -312,9 +312,11 @@ show(trace_figure(trace, sim))
 # * **GPipe** runs all forward passes, then all backward passes. More micro-batches shrink
 #   the bubble, but every stage holds the activations of all *m* micro-batches until their
 #   backward pass.
-# * **1F1B** starts backward passes as early as it can and then alternates one forward
-#   with one backward. The bubble stays the same, but each backward frees the activations
-#   of one micro-batch before the next forward adds some.
+# * **1F1B** starts backward passes as early as it can. In its warm-up, a stage runs just
+#   enough forwards to fill the pipeline from itself to the last stage, then waits for its
+#   first error to come back. From then on it alternates one backward with one forward. The
+#   bubble stays the same, but each backward frees the activations of one micro-batch
+#   before the next forward adds some.
 # * **Interleaved 1F1B** gives each GPU *v* smaller chunks of the model (with
 #   p = <span data-glue="s5_il_p">4</span> and v = <span data-glue="s5_il_v">2</span>, GPU A1
 #   holds chunks <span data-glue="s5_a1_chunk_a">1</span> and
@@ -327,11 +329,11 @@ show(trace_figure(trace, sim))
 # **Bubble fraction**, here and in the package, means idle slots divided by all slots: a
 # slot is one GPU during one time step.
 #
-# **Exercise 03.1 (predict first).** After the next exercise, the notebook prints the time
-# steps, the bubble fraction and the activations held of each schedule, for p = 4 stages
-# and m = 4 micro-batches. Before you run that: what fraction of GPipe's (GPU, time step)
-# slots is idle? Replace the `...` and run the cell; the checker says whether you are
-# right, and why, without giving the number away.
+# **Exercise 03.1 (predict first).** Section 4 ran GPipe on p = 4 ranks with m = 4
+# micro-batches; its report gave the number of time steps. Now double the micro-batches:
+# GPipe on p = 4 stages with m = 8. What fraction of its (GPU, time step) slots is idle?
+# The notebook prints it further down in this section. Replace the `...` and run the cell;
+# the checker says whether you are right, and why, without giving the number away.
 
 # %%
 from parlab.exercises import check
@@ -340,9 +342,10 @@ answer_03_1 = ...
 check("03.1", answer_03_1)
 
 # %% [markdown]
-# **Exercise 03.2 (predict first).** Now take 1F1B on p = 4 stages with m = 8 micro-batches,
-# twice as many as stages. At most how many micro-batches' activations does the first GPU
-# (A1) hold at the same time? (The table further down, with m = 8, prints it.)
+# **Exercise 03.2 (predict first).** Now take 1F1B on the same p = 4 stages with m = 8
+# micro-batches, twice as many as stages. At most how many micro-batches' activations does
+# the first GPU (A1) hold at the same time? (The table further down, with m = 8, prints
+# it.)
 
 # %%
 answer_03_2 = ...
@@ -377,10 +380,11 @@ glue("s5_book_steps", book_sim.steps)
 _ = glue("s5_book_bubble", book_sim.bubble_fraction, ".3f")
 
 # %% [markdown]
-# GPipe leaves <span data-glue="s5_gpipe_bubble">0.429</span> of its slots idle: each GPU
-# is idle for p - 1 time steps while the pipeline fills and p - 1 while it drains, out of
-# 2(m + p - 1) steps, so the bubble fraction is (p - 1)/(m + p - 1). Papers often quote bubble time over
-# ideal (busy) time instead, (p - 1)/m for GPipe, here
+# GPipe leaves <span data-glue="s5_gpipe_bubble">0.429</span> of its slots idle. Every row
+# of its Gantt chart has 2(p - 1) empty cells (where they fall differs: the last GPU idles
+# while the pipeline fills and drains, A1 between its forwards and its backwards) out of
+# 2(m + p - 1) steps, so the bubble fraction is (p - 1)/(m + p - 1). Papers often quote
+# bubble time over ideal (busy) time instead, (p - 1)/m for GPipe, here
 # <span data-glue="s5_gpipe_over_ideal">0.75</span>; `Simulation.bubble_over_ideal` gives
 # that number. 1F1B has the same bubble, but its stage s holds at most p - s micro-batches
 # (counting stages from 0), where GPipe's stages all hold m.
@@ -444,48 +448,7 @@ _ = glue("s5_serial_bubble", serial.bubble_fraction, ".3f")
 # counts above), not time.
 
 # %% [markdown]
-# Activation memory in bytes needs a real model. The comparison below uses GPT-3 175B
-# with one sequence of <span data-glue="s5_seq">2048</span> tokens per micro-batch in bf16,
-# on p = <span data-glue="s5_p">4</span> stages with m = <span data-glue="s5_m">8</span>
-# micro-batches and v = <span data-glue="s5_v">2</span> chunks for the interleaved schedule.
-# `parlab.memory.activation_bytes` (chapter 01) gives the bytes one micro-batch leaves on
-# a stage. The simulator walks through the schedule and adds and frees them, action by
-# action. "time" is in the same unit as the Gantt charts. "transfers" counts the tensors
-# sent between GPUs per batch.
-
-# %%
-from parlab.pipeline import compare, comparison_table
-
-p, m, v, seq = 4, 8, 2, 2048
-rows = compare(stages=p, microbatches=m, chunks=v, microbatch_size=1, seq=seq,
-               precision="bf16")
-print(comparison_table(rows))
-cost = {r.name: r for r in rows}
-
-# %%
-glue("s5_seq", seq)
-glue("s5_p", p)
-glue("s5_m", m)
-glue("s5_v", v)
-glue("s5_gpipe_peak_m8", cost["gpipe"].peak_inflight)
-_ = glue("s5_1f1b_peak_m8", cost["1f1b"].peak_inflight)
-
-# %% [markdown]
-# With twice as many micro-batches as stages, a GPipe stage holds
-# <span data-glue="s5_gpipe_peak_m8">8</span> micro-batches at its peak, while 1F1B's
-# fullest stage, A1, still holds <span data-glue="s5_1f1b_peak_m8">4</span>: p, not m
-# (exercise 03.2). The transfers column is where interleaving pays. Its ratio to 1F1B's,
-# next to (pv - 1)/(p - 1) and to v:
-
-# %%
-ratio = cost["interleaved"].transfers / cost["1f1b"].transfers
-print(f"interleaved / 1F1B transfers: {ratio:.3f}; "
-      f"(pv-1)/(p-1) = {(p * v - 1) / (p - 1):.3f}; v = {v}")
-_ = glue("s5_ratio", ratio, ".2f")
-
-# %% [markdown]
-# Interleaving sends <span data-glue="s5_ratio">2.33</span> times the messages of 1F1B here,
-# more than v.
+# ### Messages: the price of interleaving
 #
 # **Exercise 03.3 (predict first).** The next cell runs interleaved 1F1B for real, on the
 # toy backend, which logs every message: p = 4 ranks, v = 2 chunks each (a network of 8
@@ -509,12 +472,73 @@ print(f"messages logged: {sent}; ratio {sent['interleaved'] / sent['book']:.3f}"
 
 # %%
 glue("s5_sent_interleaved", sent["interleaved"])
-_ = glue("s5_sent_book", sent["book"])
+glue("s5_sent_book", sent["book"])
+_ = glue("s5_sent_ratio", sent["interleaved"] / sent["book"], ".2f")
 
 # %% [markdown]
 # <span data-glue="s5_sent_interleaved">56</span> messages against the book's
-# <span data-glue="s5_sent_book">24</span>: the same ratio as the table's transfers, now
-# counted by the ranks themselves.
+# <span data-glue="s5_sent_book">24</span>, <span data-glue="s5_sent_ratio">2.33</span>
+# times as many, counted by the ranks themselves. That is (pv - 1)/(p - 1), more than v:
+# each chunk's step is v times shorter, but the traffic grows by more than v.
+#
+# ### Memory and traffic for a real model
+#
+# Activation memory in bytes needs a real model. The comparison below uses GPT-3 175B
+# with one sequence of <span data-glue="s5_seq">2048</span> tokens per micro-batch in bf16,
+# on p = <span data-glue="s5_p">4</span> stages with m = <span data-glue="s5_m">8</span>
+# micro-batches and v = <span data-glue="s5_v">2</span> chunks for the interleaved schedule.
+# `parlab.memory.activation_bytes` (chapter 01) gives the bytes one micro-batch leaves on
+# a stage. The simulator walks through the schedule and adds and frees them, action by
+# action. "time" is in the same unit as the Gantt charts. "transfers" counts the tensors
+# sent between GPUs per batch.
+
+# %%
+from parlab.pipeline import compare, comparison_table
+
+p, m, v, seq = 4, 8, 2, 2048
+rows = compare(stages=p, microbatches=m, chunks=v, microbatch_size=1, seq=seq,
+               precision="bf16")
+print(comparison_table(rows))
+cost = {r.name: r for r in rows}
+
+# %%
+glue("s5_seq", seq)
+glue("s5_p", p)
+glue("s5_m", m)
+glue("s5_v", v)
+glue("s5_gpipe_bubble_m8", cost["gpipe"].bubble_fraction, ".3f")
+glue("s5_gpipe_peak_m8", cost["gpipe"].peak_inflight)
+glue("s5_1f1b_peak_m8", cost["1f1b"].peak_inflight)
+glue("s5_naive_peak", cost["naive"].peak_inflight)
+glue("s5_gpipe_gb", cost["gpipe"].peak_bytes / 1e9, ".3g")
+glue("s5_naive_gb", cost["naive"].peak_bytes / 1e9, ".3g")
+_ = glue("s5_1f1b_gb", cost["1f1b"].peak_bytes / 1e9, ".3g")
+
+# %% [markdown]
+# With twice as many micro-batches as stages, GPipe's bubble fraction falls to
+# <span data-glue="s5_gpipe_bubble_m8">0.273</span> (exercise 03.1): each row keeps its
+# 2(p - 1) empty cells, in a longer schedule. But a GPipe stage now holds
+# <span data-glue="s5_gpipe_peak_m8">8</span> micro-batches at its peak, while 1F1B's
+# fullest stage, A1, still holds <span data-glue="s5_1f1b_peak_m8">4</span>: p, not m
+# (exercise 03.2). In bytes, GPipe's fullest GPU holds the activations of the whole batch,
+# <span data-glue="s5_gpipe_gb">312</span> GB; 1F1B's fullest holds
+# <span data-glue="s5_1f1b_gb">155</span> GB. The naive row's
+# <span data-glue="s5_naive_peak">1</span> in flight is no saving: its one piece is the whole
+# batch of <span data-glue="s5_m">8</span> sequences, so it holds
+# <span data-glue="s5_naive_gb">312</span> GB too.
+#
+# The transfers column is where interleaving pays its price. Its ratio to 1F1B's, next to
+# (pv - 1)/(p - 1) and to v:
+
+# %%
+ratio = cost["interleaved"].transfers / cost["1f1b"].transfers
+print(f"interleaved / 1F1B transfers: {ratio:.3f}; "
+      f"(pv-1)/(p-1) = {(p * v - 1) / (p - 1):.3f}; v = {v}")
+_ = glue("s5_ratio", ratio, ".2f")
+
+# %% [markdown]
+# Interleaving sends <span data-glue="s5_ratio">2.33</span> times the messages of 1F1B here,
+# the ratio the ranks counted above with fewer micro-batches: it does not depend on m.
 #
 # The slide deck's three trade-offs, as curves. Move the sliders to change p, m and v.
 # Interleaving needs the micro-batches to split into equal rounds. Where they do not, the
@@ -532,22 +556,26 @@ compare_explorer(stages=4, microbatches=8, chunks=2)
 # copy its share of the batch. The book's layout has
 # <span data-glue="hyb_replicas">2</span> copies of the
 # <span data-glue="hyb_stages">4</span>-stage pipeline on
-# <span data-glue="hyb_ranks">8</span> GPUs, and so does the run below. Each copy numbers its
-# GPUs by stage: A1 to A4 for the first (the A1, A2, B1, B2 of the earlier figures), C1 to C4
-# for the second. A1 and C1 hold hidden layer 1, A2 and C2 hidden layer 2, and so on. Each
-# copy runs the book's schedule on its half of the batch. After the backward passes, the
-# GPUs that hold the same stage synchronize its gradients: the pair gets a process group of
-# its own (`dist.new_group`), one `all_reduce` in that group gives both GPUs the sum, and
-# each divides it by the number of copies. The result must equal one process training on
-# the whole batch.
+# <span data-glue="hyb_ranks">8</span> GPUs, and so does the run below. The first copy keeps
+# the names of the earlier figures, A1, A2, B1, B2; the second runs on C1, C2, D1, D2, so a
+# stage sits in the same position in both: A1 and C1 hold hidden layer 1, A2 and C2 hidden
+# layer 2, B1 and D1 hidden layer 3, B2 and D2 the output layer. (The book names only A1/C1
+# and A2/C2; we continue its pattern.) Each copy runs the book's schedule rule on its half of
+# the batch, as <span data-glue="hyb_mb">2</span> micro-batches of
+# <span data-glue="hyb_mb_size">2</span> samples. After the backward passes, the GPUs that
+# hold the same stage synchronize its gradients: the pair gets a process group of its own
+# (`dist.new_group`), one `all_reduce` in that group gives both GPUs the sum, and each
+# divides it by the number of copies. The result must equal one process training on the
+# whole batch.
 #
 # The book's paragraph on this figure has three slips:
 #
 # * It calls the step "intra-layer" gradient synchronization and then, for the same step,
-#   "(inter-layer)". Neither fits. Nothing is exchanged inside one layer's computation, and
-#   nothing between two different layers: the exchange is an all-reduce among the GPUs that
-#   hold the same stage, that is, between the copies of one layer. The groups the run prints
-#   below are exactly those pairs.
+#   "(inter-layer)": two labels for one exchange. "Intra-layer" can be read as "among one
+#   layer's copies", but both words usually name something else: intra-layer parallelism is
+#   tensor parallelism (chapter 04) and inter-layer parallelism is pipeline parallelism, as
+#   in Megatron-LM's papers. The exchange is better called a data-parallel all-reduce among
+#   the copies of a stage. The groups the run prints below are exactly those pairs.
 # * It introduces the setup for a "test dataset" too large for one GPU. Gradients come only
 #   from training data (a test set never goes through a backward pass), so it is the
 #   training batch that gets split between the copies.
@@ -574,6 +602,8 @@ glue("hyb_replicas", hybrid.replicas)
 glue("hyb_stages", hybrid.schedule.stages)
 glue("hyb_ranks", len(hybrid.ranks))
 glue("hyb_pairs", len(hybrid.sync_groups))
+glue("hyb_mb", hybrid.schedule.microbatches)
+glue("hyb_mb_size", hybrid.net.samples // (hybrid.replicas * hybrid.schedule.microbatches))
 glue("hyb_a1", first.local[0], SYNC_FORMAT)
 glue("hyb_c1", first.local[1], SYNC_FORMAT)
 glue("hyb_sum", first.summed, SYNC_FORMAT)
@@ -663,7 +693,8 @@ _ = glue("s7_last_mb", last_forwards[-1])
 #
 # **Exercise 03.4 (write and run).** Write the `pipeline_order` of GPipe for 2 stages and 2
 # micro-batches: a dict `{rank: [entry per time step]}` with actions such as `"0F0"` and
-# `None` for an idle step. It must be a valid schedule, and as short as possible. The checker
+# `None` for an idle step. It must be a valid schedule with one action per GPU and time step
+# (no doubled entries: section 5 showed what they hide), and as short as possible. The checker
 # runs it through the simulator, so an invalid schedule gets the simulator's reason. To try
 # it yourself first, `from parlab.pipeline import from_order`: then
 # `print(from_order(answer_03_4))` shows your dict as a table, and

@@ -56,7 +56,11 @@ def hybrid():
     return pipeline_data_parallel(schedule("book", stages=4, microbatches=2), replicas=2)
 
 
-BOOK_NAMES = ["A1", "A2", "A3", "A4", "C1", "C2", "C3", "C4"]
+#: The single pipeline's A1, A2, B1, B2 for the first copy; the second copy on the next two
+#: servers, C and D, each stage in the same position (the book names A1/C1 and A2/C2).
+BOOK_NAMES = ["A1", "A2", "B1", "B2", "C1", "C2", "D1", "D2"]
+#: The two GPUs that hold each stage, by stage.
+STAGE_PAIRS = [("A1", "C1"), ("A2", "C2"), ("B1", "D1"), ("B2", "D2")]
 
 
 def _mean_squared_grads(x, target):
@@ -73,7 +77,7 @@ def _mean_squared_grads(x, target):
 
 def test_pipeline_plus_data_parallel_equals_single_process_training(hybrid):
     assert hybrid.names == BOOK_NAMES
-    assert hybrid.sync_groups == [("A1", "C1"), ("A2", "C2"), ("A3", "C3"), ("A4", "C4")]
+    assert hybrid.sync_groups == STAGE_PAIRS
     x, target = Network().batch()
     whole = _mean_squared_grads(x, target)
     halves = [_mean_squared_grads(x[:4], target[:4]), _mean_squared_grads(x[4:], target[4:])]
@@ -109,10 +113,10 @@ def _follows(result: str, parts: list, divide: int = 1) -> bool:
 def test_sync_table_names_the_book_gpus_and_its_averages_check_by_eye(hybrid):
     rows = [line for line in hybrid.sync_table().splitlines() if re.match(r"\d\s", line)]
     assert len(rows) == 4                                    # 4 sync pairs, one per stage
-    assert sorted(re.findall(r"\b[AC]\d\b", "\n".join(rows))) == sorted(BOOK_NAMES)
+    assert sorted(re.findall(r"\b[A-D]\d\b", "\n".join(rows))) == sorted(BOOK_NAMES)
     labels = ["hidden layer 1", "hidden layer 2", "hidden layer 3", "output layer"]
     for stage, (row, label) in enumerate(zip(rows, labels)):
-        assert label in row and f"A{stage + 1} + C{stage + 1}" in row
+        assert label in row and " + ".join(STAGE_PAIRS[stage]) in row
         a, c, total, average, single = _PRINTED.findall(row)
         assert _follows(total, [a, c]) and _follows(average, [a, c], divide=2)
         assert average == single                             # one process, whole batch
@@ -131,18 +135,37 @@ def test_sync_figure_draws_eight_gpus_and_four_averages_that_follow(hybrid):
     assert sorted(boxes) == sorted(BOOK_NAMES) and len(syncs) == 4
     assert "8 GPUs" in fig.axes[0].get_title()
     for stage, sync in enumerate(syncs):
-        a, c = (_PRINTED.findall(boxes[f"{r}{stage + 1}"].get_text())[0] for r in "AC")
-        assert boxes[f"A{stage + 1}"].get_position()[0] == boxes[f"C{stage + 1}"].get_position()[0]
+        first, second = STAGE_PAIRS[stage]
+        a, c = (_PRINTED.findall(boxes[name].get_text())[0] for name in (first, second))
+        assert boxes[first].get_position()[0] == boxes[second].get_position()[0]
         (average,) = _PRINTED.findall(sync.get_text())
         assert _follows(average, [a, c], divide=2), (a, c, average)
+    # a legend tells the blue arrows within a replica from the red all-reduces
+    legend = fig.axes[0].get_legend()
+    entries = {t.get_text(): h.get_color() for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert len(entries) == 2
+    arrows = {p.arrow_patch.get_edgecolor()[:3] for p in fig.axes[0].texts if getattr(p, "arrow_patch", None)}
+    from matplotlib.colors import to_rgb
+    colors = {to_rgb(c) for c in entries.values()}
+    assert {tuple(round(x, 3) for x in c) for c in colors} == {
+        tuple(round(x, 3) for x in c) for c in arrows}
+    assert any("activations" in t and "errors" in t for t in entries)
+    assert any("all-reduce" in t for t in entries)
     import matplotlib.pyplot as plt
     plt.close(fig)
 
 
 def test_hybrid_names_follow_the_books_letters():
+    """Two GPUs per server, as in the single pipeline; each replica starts on a new server."""
     from parlab.pipeline.hybrid import hybrid_name
-    assert [hybrid_name(r, s) for r in range(3) for s in range(2)] == [
-        "A1", "A2", "C1", "C2", "E1", "E2"]
+    assert [hybrid_name(r, s, 4) for r in range(2) for s in range(4)] == BOOK_NAMES
+    assert [hybrid_name(r, s, 2) for r in range(3) for s in range(2)] == [
+        "A1", "A2", "B1", "B2", "C1", "C2"]
+    # an odd number of stages leaves the last server half used: replica 2 starts on a new one
+    assert [hybrid_name(r, s, 3) for r in range(2) for s in range(3)] == [
+        "A1", "A2", "B1", "C1", "C2", "D1"]
+    with pytest.raises(ValueError, match="stage must be 0 to 3 for 4 stages, got 4"):
+        hybrid_name(0, 4, 4)
 
 
 def test_sync_table_rejects_a_weight_the_layers_lack(hybrid):

@@ -21,16 +21,19 @@ __all__ = ["Solution", "solutions"]
 
 
 def _gpipe_bubble() -> Solution:
-    p, m = 4, 4
+    p, m = 4, 8
     steps = 2 * (m + p - 1)
     busy = 2 * m
-    return Solution(Fraction(steps - busy, steps), (
+    share = Fraction(steps - busy, steps)
+    return Solution(share, (
         f"GPipe runs all {m} forwards, then all {m} backwards. The last stage starts its first "
         f"forward in step p = {p}\nand its last forward in step m + p - 1 = {m + p - 1}; the "
         f"backwards come back the same way, so the\nschedule takes 2 (m + p - 1) = {steps} "
-        f"steps. Each GPU is busy in 2m = {busy} of them and idle in\n{steps} - {busy} = "
-        f"{steps - busy} = 2 (p - 1): p - 1 while the pipeline fills, p - 1 while it drains. "
-        f"Every row\nlooks the same, so the idle share of all slots is {steps - busy} / {steps}."))
+        f"steps (section 4's run, with m = 4, took 2 (4 + 3) = 14).\nEach GPU is busy in "
+        f"2m = {busy} of them and idle in {steps} - {busy} = {steps - busy} = 2 (p - 1): every "
+        f"row of the\nGantt chart has the same {steps - busy} empty cells, whatever m is. The "
+        f"idle share of all slots is\n{steps - busy} / {steps} = {share} = (p - 1) / "
+        f"(m + p - 1)."))
 
 
 def _one_f_one_b_memory() -> Solution:
@@ -40,7 +43,9 @@ def _one_f_one_b_memory() -> Solution:
         f"A1 forwards micro-batch 1 in step 1. It reaches the last stage in step {p}, whose "
         f"error is computed\nin step {p + 1} and walks back one stage per step: A1 can run its "
         f"first backward in step {first_error}.\nIn 1F1B A1 does not forward in every step "
-        f"until then: it runs p = {p} forwards, enough to keep\nevery stage busy, and waits. "
+        f"until then (that would be {first_error - 1} micro-batches): it runs\njust enough "
+        f"forwards to fill the pipeline from itself to the last stage, one per stage,\n"
+        f"p = {p}, and waits. "
         f"From its first backward on, it\nalternates one "
         f"backward (freeing a micro-batch) with one forward (adding one), so the count\n"
         f"never rises above {p}, whether m is {m} or 800. (GPipe would hold all m = {m}.)"))
@@ -68,7 +73,7 @@ def _write_gpipe() -> Solution:
         "1; rank 0 has\nnothing to do. Step 4: rank 1, the last stage, computes micro-batch 0's "
         "error (GPipe: all\nforwards first). Step 5: rank 1 does micro-batch 1's error, rank 0 "
         "micro-batch 0's (its error\narrived). Step 6: rank 0 finishes micro-batch 1. Six steps "
-        "= 2 (m + p - 1) with m = p = 2."))
+        "= 2 (m + p - 1) with m = p = 2.\n(Rank 1 could run 1F1 and 1B0 in one step, as the book's schedule does, but a GPU does one action per step:\nthat step would be two steps of work, so 6 is the fair minimum.)"))
 
 
 def solutions() -> dict[str, Solution]:

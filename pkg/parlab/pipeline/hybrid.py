@@ -1,9 +1,10 @@
 """Pipeline + data parallelism (Figure 8-14), and the production API beside our executor.
 
 Figure 8-14: when one pipeline is not enough, the pipeline is replicated. With 4 stages on
-8 GPUs, replica 1 runs on A1..A4 and replica 2 on C1..C4; each gets its share of the batch
-and runs the same schedule on it. After the last backward, each stage's gradients are
-synchronized between the GPUs that hold that stage (A1 with C1, A2 with C2, ...): one
+8 GPUs, replica 1 runs on A1, A2, B1, B2 (the names of the single pipeline) and replica 2 on
+C1, C2, D1, D2; each gets its share of the batch and runs the same schedule on it. After the
+last backward, each stage's gradients are synchronized between the GPUs that hold that stage
+(A1 with C1, A2 with C2, B1 with D1, B2 with D2): one
 all-reduce sums them across the replicas, and every GPU divides the sum by the number of
 replicas, so every copy of a layer takes the same step. :func:`pipeline_data_parallel`
 runs this on real ranks (a data-parallel group per stage, made with ``dist.new_group``)
@@ -29,7 +30,7 @@ from parlab.comm import Mesh
 from parlab.launch import rank_device
 from parlab.pipeline.executor import Network, max_difference, reference, run_stages, stage_layers
 from parlab.pipeline.schedules import Schedule, _check_count, entry_actions
-from parlab.pipeline.simulator import simulate
+from parlab.pipeline.simulator import simulate, stage_gpu_name
 
 __all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hybrid_name",
            "TorchRun", "torch_pipelining", "our_action_order"]
@@ -39,13 +40,20 @@ __all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hy
 SYNC_FORMAT = "+.4e"
 
 
-def hybrid_name(replica: int, stage: int) -> str:
-    """GPU names of Figure 8-14: replica 1 is A1, A2, A3, A4; replica 2 is C1, C2, C3, C4.
+def hybrid_name(replica: int, stage: int, stages: int) -> str:
+    """GPU names of Figure 8-14, two GPUs per server as in the single pipeline.
 
-    The letter is the replica (A, C, E, ...: B is skipped, as in the book's figure); the
-    number is the stage, counted from 1.
+    Replica 1 keeps the single pipeline's names (A1, A2, B1, B2 for 4 stages); each further
+    replica starts on fresh servers, so with 4 stages replica 2 is C1, C2, D1, D2. The book
+    names only A1/C1 and A2/C2 (hidden layers 1 and 2); the rest continues its pattern, and a
+    stage sits in the same position in every replica.
     """
-    return f"{chr(ord('A') + 2 * replica)}{stage + 1}"
+    for name, value in (("replica", replica), ("stage", stage), ("stages", stages)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if stage >= stages:
+        raise ValueError(f"stage must be 0 to {stages - 1} for {stages} stages, got {stage}")
+    return stage_gpu_name(replica * 2 * ((stages + 1) // 2) + stage)
 
 
 class SyncPair(NamedTuple):
@@ -101,6 +109,7 @@ class HybridRun:
     names: list
     reference_grads: dict
     reference_loss: float
+    net: Network | None = None  # the network and batch every replica took its share of
 
     @property
     def grads(self) -> dict:
@@ -195,9 +204,10 @@ def pipeline_data_parallel(sched: Schedule, replicas: int = 2, net: Network | No
     from parlab.launch import run
     ranks = run(_hybrid_worker, sched.stages * replicas, sched, net, replicas, by_step,
                 backend=backend, timeout=timeout)
-    names = [hybrid_name(g // sched.stages, g % sched.stages) for g in range(len(ranks))]
+    names = [hybrid_name(g // sched.stages, g % sched.stages, sched.stages)
+             for g in range(len(ranks))]
     ref_grads, ref_loss = reference(net)
-    return HybridRun(sched, replicas, ranks, names, ref_grads, ref_loss)
+    return HybridRun(sched, replicas, ranks, names, ref_grads, ref_loss, net)
 
 
 # ---------------------------------------------------------------- torch.distributed.pipelining

@@ -8,6 +8,7 @@ so a figure shows what was computed, for any schedule, not a copy of the book's 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from parlab.pipeline import action_code
@@ -91,7 +92,8 @@ def draw_step(sim, step: int, ax) -> None:
 def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
     """Ranks (rows) x time steps (columns); forward (F1) light, backward (E1) dark, colour =
     micro-batch.
-    A cell with two actions is split; the active-GPU percentage tops each column. With
+    A cell with two actions is split; the active-GPU percentage tops each column (turned
+    upright where a column is narrower than one time unit, so neighbours never overlap). With
     ``in_time`` the x axis is time (one micro-batch through one whole stage = 1), so
     schedules whose steps differ in length (naive, interleaved) line up."""
     p, steps = sim.schedule.stages, sim.steps
@@ -113,14 +115,16 @@ def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
                     ax.text(left + width / 2, rank, action_code(action),
                             ha="center", va="center", fontsize=7 if width < 0.6 else 9,
                             color="black" if action.kind == "F" else "white")
-        if not dense and scale >= 0.5:
-            ax.text(left0 + scale / 2, -0.65, f"{record.active_percent:g}%", ha="center",
-                    va="bottom", fontsize=6 if scale < 1 else 8, color="#555555")
+        if not dense and scale >= 0.5:  # narrow columns get upright labels, side by side
+            ax.text(left0 + scale / 2, -0.5 if scale < 1 else -0.65,
+                    f"{record.active_percent:g}%", ha="center",
+                    va="bottom", fontsize=6 if scale < 1 else 8, color="#555555",
+                    rotation=90 if scale < 1 else 0)
     if step is not None:
         ax.add_patch(Rectangle(((step - 1) * scale + (0 if in_time else 0.5), -0.5), scale, p,
                                fill=False, edgecolor="black", lw=2.2))
     ax.set_yticks(range(p), sim.names)
-    ax.set_ylim(p - 0.5, -0.9)
+    ax.set_ylim(p - 0.5, -1.3 if scale < 1 and not dense else -0.9)
     chunks = "   (hatched: second and later model chunks)" if sim.schedule.chunks > 1 else ""
     if in_time:
         ax.set_xlim(0, steps * scale)
@@ -208,10 +212,12 @@ def comparison_figure(stages: int = 4, microbatches: int = 8, chunks: int = 2,
 
 
 def sync_figure(run, index: tuple = (0, 0)):
-    """Figure 8-14: the pipeline replicas in rows (A1..A4 above C1..C4). The GPUs that hold
-    the same stage share a colour and a red arrow: one all-reduce sums their gradients, and
-    each GPU divides by the number of replicas. Each box prints weight ``index`` of its
-    layer's local gradient, each arrow the average, both in ``SYNC_FORMAT``."""
+    """Figure 8-14: the pipeline replicas in rows (A1, A2, B1, B2 above C1, C2, D1, D2). The
+    GPUs that hold the same stage share a colour and a red arrow: one all-reduce sums their
+    gradients, and each GPU divides by the number of replicas. Each box prints weight
+    ``index`` of its layer's local gradient, each arrow the average, both in ``SYNC_FORMAT``.
+    A legend tells the blue arrows (activations forward, errors back within one replica)
+    from the red ones."""
     from parlab.pipeline import SYNC_FORMAT
 
     p, replicas, f = run.schedule.stages, run.replicas, SYNC_FORMAT
@@ -235,9 +241,15 @@ def sync_figure(run, index: tuple = (0, 0)):
         ax.text(x + 0.4, (low + high) / 2, f"all-reduce: sum\n÷ {replicas} = "
                 f"{format(pair.averaged, f)}", fontsize=8, color="#C0392B", va="center")
     ax.set_xlim(-0.2, step_x * (p - 1) + box_w + 0.2)
-    ax.set_ylim(-0.2, top(0) + box_h + 0.2)
+    ax.set_ylim(-0.75, top(0) + box_h + 0.2)
     ax.axis("off")
-    ax.set_title(f"{replicas} pipeline replicas x {p} stages on {p * replicas} GPUs: the GPUs "
+    ax.legend(handles=[
+        Line2D([], [], color="#2F5597", lw=1.5,
+               label="within a replica: activations y → next stage, errors E ← back"),
+        Line2D([], [], color="#C0392B", lw=2,
+               label="between replicas: all-reduce of one stage's gradients")],
+        loc="lower center", ncol=2, fontsize=8, frameon=False)
+    ax.set_title(f"{replicas} pipeline replicas × {p} stages on {p * replicas} GPUs: the GPUs "
                  f"holding a stage all-reduce its gradients (weight {list(index)} shown)",
                  fontsize=10)
     fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.9)
