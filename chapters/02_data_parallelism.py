@@ -20,8 +20,9 @@
 # GPU A2 on the second. The forward pass needs no network at all. After the backward pass
 # the two GPUs add up their gradients and divide by two, so both apply the same update and
 # stay identical copies. The chapter then warns that the traffic grows with hundreds or
-# thousands of GPUs, and that a single lost transfer stops the whole job (section 8
-# separates what holds in that warning from what it overstates).
+# thousands of GPUs, and that losing even one packet during the synchronization pauses
+# training, so the network must be lossless (section 8 separates what holds in that warning
+# from what it overstates).
 #
 # One correction first. The book's notes motivate data parallelism by a dataset too large
 # for one GPU, with layers spread over GPUs. Neither is what it does: every GPU holds *all*
@@ -151,6 +152,11 @@ print("equal to one process:", summed.max_difference() < 1e-6)
 # * The chapter says the derivative of the error is also synchronized. In data parallelism
 #   it is not: each rank's errors E belong to its own samples, and only the gradients
 #   (one number per weight) travel.
+# * The chapter also says the averaged result is synchronized across the GPUs, a second
+#   exchange after the first. With an all-reduce there is none: every rank receives the
+#   same sum and divides it by N itself, so all ranks already hold the same average. Only a
+#   scheme that first reduces to one GPU, which averages, needs a broadcast of the result
+#   back (chapter 03 makes the same point for Figure 8-14).
 # * With more than two ranks, the all-gather version leaves each rank to add up its peers'
 #   gradients in its own order, and floating-point addition is not associative, so
 #   replicas can differ in the last bits. An all-reduce returns the very same sum to every
@@ -241,7 +247,7 @@ _ = glue("train_segments", segments)
 # | start | rank 0's weights broadcast | rank 0's weights broadcast (in the constructor) |
 # | micro-batches | gradients accumulate | `no_sync()` for all but the last |
 # | sync | after backward: `all_reduce_buckets` | during backward: hooks per bucket |
-# | buckets | cap in bytes, last layers first | `bucket_cap_mb` (25 MiB default), same order |
+# | buckets | cap in bytes, last layers first | `bucket_cap_mb`, same rule from step 2 on |
 # | average | sum, then divide by N | divide by N, then sum |
 #
 # Same model, same data, same optimizer, <span data-glue="ddp_steps">10</span> steps each:
@@ -264,17 +270,30 @@ _ = glue("ddp_steps", short.steps)
 #
 # Our small model has a weight matrix and a bias per layer, and section 3 synced each of
 # them with its own all-reduce. Frameworks pack gradients into **buckets** instead: one
-# flat tensor, one all-reduce. `make_buckets` fills them the way DDP does: from the last
-# tensor back (backward produces the last layer's gradients first), each tensor whole, and a
-# tensor that would push the bucket over the cap starts a new one. The model's tensors, in
-# order (`0.weight` is W1, `0.bias` is b1, and so on; every number is a 4-byte float):
+# flat tensor, one all-reduce. `make_buckets` fills them by DDP's rule: from the last tensor
+# back (backward produces the last layer's gradients first), each tensor joins the open
+# bucket whole, and the bucket closes as soon as it holds the cap or more. So a bucket can
+# end up larger than the cap, by less than its last tensor. The tests check this against
+# PyTorch's own bucket assignment, on this model and others.
+#
+# Two details of DDP itself. In the first step it does not yet know in which order the
+# gradients become ready, so by default it syncs them all in one bucket; after that step it
+# rebuilds the buckets in the order it saw, by the rule above. And unless you set
+# `bucket_cap_mb`, its first bucket (the last layers) is capped at
+# <span data-glue="ddp_first_mib">1</span> MiB, so that the first all-reduce starts early,
+# and the others at <span data-glue="ddp_cap_mib">25</span> MiB.
+#
+# The model's tensors, in order (`0.weight` is W1, `0.bias` is b1, and so on; every number is
+# a 4-byte float):
 
 # %%
 for name, p in dp.make_model(spec).named_parameters():
     print(f"{name:<9} {' × '.join(map(str, p.shape))}")
+glue("ddp_first_mib", dp.DDP_FIRST_BUCKET_BYTES / 2**20, ".0f")
+_ = glue("ddp_cap_mib", dp.DDP_BUCKET_CAP_BYTES / 2**20, ".0f")
 
 # %% [markdown]
-# **Exercise 02.1 (predict first).** The next cell trains with buckets of at most 200 bytes.
+# **Exercise 02.1 (predict first).** The next cell trains with a bucket cap of 200 bytes.
 # How many all-reduce calls does one step make? Replace the `...` and run the cell; the
 # checker says whether you are right, and why, without giving the number away.
 
@@ -297,33 +316,40 @@ glue("buckets_calls_none", calls[None])
 glue("buckets_cap", caps[1])
 glue("buckets_calls_cap", calls[caps[1]])
 glue("buckets_calls_one", calls[caps[2]])
+bucket_sizes = dp.bucket_bytes(list(dp.make_model(spec).parameters()), caps[1])
+print(f"bytes per bucket with the {caps[1]}-byte cap: {bucket_sizes}")
+glue("buckets_sizes_cap", f"{', '.join(map(str, bucket_sizes[:-1]))} and {bucket_sizes[-1]}")
 glue("grad_bytes", ranks[0].sync_bytes[0])
 _ = glue("grad_numbers", sum(p.numel() for p in dp.make_model(spec).parameters()))
 
 # %% [markdown]
 # Synced one by one, the tensors make <span data-glue="buckets_calls_none">6</span>
-# all-reduce calls per step; packed into buckets of at most
-# <span data-glue="buckets_cap">200</span> bytes,
-# <span data-glue="buckets_calls_cap">3</span>; in one bucket,
-# <span data-glue="buckets_calls_one">1</span>. The bytes are the same in every case (the
-# whole gradient, <span data-glue="grad_numbers">86</span> numbers or
-# <span data-glue="grad_bytes">344</span> bytes), and so are the weights.
+# all-reduce calls per step; with a cap of <span data-glue="buckets_cap">200</span> bytes,
+# <span data-glue="buckets_calls_cap">2</span> (buckets of
+# <span data-glue="buckets_sizes_cap">224 and 120</span> bytes: the first one closed only
+# once it had passed the cap); in one bucket, <span data-glue="buckets_calls_one">1</span>
+# call. The bytes are the same in every case (the whole gradient,
+# <span data-glue="grad_numbers">86</span> numbers or <span data-glue="grad_bytes">344</span>
+# bytes), and so are the weights.
 
 # %% [markdown]
 # Why it matters: every message pays a fixed start-up cost (latency, α) before its bytes
 # flow at the link's bandwidth (β): `time = α + bytes / β` per message, and a ring
 # all-reduce over N GPUs is 2(N−1) such steps. The table applies `parlab.comm.cost`'s
-# alpha-beta model to GPT-2 small (<span data-glue="gpt2_params_m">124</span> M parameters in
+# alpha-beta model, with α = <span data-glue="bucket_alpha_us">2</span> µs per message (an
+# assumed RDMA latency through one switch), to GPT-2 small
+# (<span data-glue="gpt2_params_m">124</span> M parameters in
 # <span data-glue="gpt2_tensors">196</span> tensors, fp32) on
 # <span data-glue="bucket_gpus">64</span> GPUs with <span data-glue="bucket_gbps">400</span>
 # Gb/s NICs: the bytes cost the same in every row, the latency does not.
 #
 # Why not one bucket for everything? Because the sync of a bucket can start as soon as its
 # gradients exist, while backward is still computing earlier layers. A few medium buckets
-# let communication overlap computation; DDP's default cap is 25 MiB.
+# let communication overlap computation.
 
 # %%
 from parlab.models import GPT, GPT2_SMALL
+from parlab.comm import nic
 from parlab.data_parallel import bucketing_table
 
 with torch.device("meta"):  # shapes only, no memory
@@ -333,6 +359,7 @@ print(bucketing_table(gpt2, gpus=gpus, gbps=gbps).to_string(index=False))
 glue("gpt2_params_m", sum(p.numel() for p in gpt2) / 1e6, ".0f")
 glue("gpt2_tensors", len(gpt2))
 glue("bucket_gpus", gpus)
+glue("bucket_alpha_us", nic(gbps).alpha * 1e6, ".0f")
 _ = glue("bucket_gbps", gbps)
 
 # %% [markdown]
@@ -404,7 +431,7 @@ _ = glue("naive_root_ratio_large", sent[large, "naive"].max() / size, ".0f")
 # * On **<span data-glue="traffic_small">2</span> GPUs** ring and naive are the same: each GPU
 #   sends its whole gradient once.
 # * On **<span data-glue="traffic_large">4</span> GPUs** the ring spreads the work: every GPU
-#   sends about <span data-glue="ring_ratio_large">1.5</span> × the gradient: two passes
+#   sends about <span data-glue="ring_ratio_large">1.5</span> × the gradient, in two passes
 #   around the ring, each sending N−1 of the N chunks, so 2(N−1)/N on average. The
 #   <span data-glue="grad_numbers">86</span> numbers do not split into
 #   <span data-glue="traffic_large">4</span> equal chunks, so single GPUs send between
@@ -459,10 +486,19 @@ _ = glue("layer_batch_large", layer_batches[-1])
 # * **ring**: per NIC 2(N−1)/N × gradient, which levels off at twice the gradient; its
 #   time levels off too, plus 2(N−1) latencies.
 # * **naive**: the root's NIC carries (N−1) × gradient: hopeless beyond a few GPUs.
-# * **tree**: every message is the whole gradient. The busiest ranks (the root, and the
-#   roots of the subtrees) send about log₂ N of them; half the ranks are leaves and send
-#   one. Measured on <span data-glue="tree_ranks_small">8</span> and
-#   <span data-glue="tree_ranks_large">16</span> ranks below.
+# * **tree** (a binomial tree, not pipelined): every message is the whole gradient. The
+#   busiest ranks (the root, and the roots of the subtrees) send about log₂ N of them; half
+#   the ranks are leaves and send one. Measured on
+#   <span data-glue="tree_ranks_small">8</span> and
+#   <span data-glue="tree_ranks_large">16</span> ranks below. This is not how NCCL runs a
+#   tree: it cuts the gradient into chunks and streams them through two trees at once, so a
+#   GPU sends about twice the gradient, close to the ring, while the latency grows only
+#   with log₂ N.
+#
+# For naive and tree, the time counts the receive phase (the sums travel towards the root)
+# and then the send phase (the result travels back), one after the other, so it is twice
+# the busiest NIC's bytes divided by its bandwidth. In the ring every GPU sends and receives
+# at the same time, so its time is about its bytes over the bandwidth.
 #
 # GPT-3 175B does not fit on one GPU, so pure data parallelism is a thought experiment
 # here; in practice it is combined with tensor and pipeline parallelism (chapter 05), and
@@ -482,7 +518,8 @@ print(f"GPT-3 175B, bf16 gradients, {replicas} GPUs, {nic_gbps} Gb/s NICs; "
 cost = {}
 for algorithm in ("ring", "naive", "tree"):
     busiest, seconds = cost[algorithm] = sync_cost(params, replicas, nic_gbps, algorithm)
-    print(f"  {algorithm:<6} busiest NIC {busiest / 1e9:>10,.0f} GB per step, "
+    label = "tree (binomial)" if algorithm == "tree" else algorithm
+    print(f"  {label:<15} busiest NIC {busiest / 1e9:>10,.0f} GB per step, "
           f"all-reduce {seconds:>9,.1f} s")
 glue("flops_per_token", FLOPS_PER_PARAMETER_TOKEN)
 glue("tokens_per_gpu", TOKENS_PER_GPU, ",")
@@ -491,6 +528,9 @@ glue("h100_tflops", H100_BF16_TFLOPS, ".0f")
 glue("scale_replicas", replicas, ",")
 glue("scale_compute_s", compute, ".1f")
 glue("scale_ring_s", cost["ring"][1], ".1f")
+glue("scale_ring_gb", cost["ring"][0] / 1e9, ",.0f")
+glue("scale_tree_gb", cost["tree"][0] / 1e9, ",.0f")
+glue("scale_tree_s", cost["tree"][1], ".1f")
 _ = glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
 
 # %% [markdown]
@@ -498,6 +538,10 @@ _ = glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
 # <span data-glue="scale_ring_s">14.0</span> s against
 # <span data-glue="scale_compute_s">43.4</span> s of compute, so it can hide behind backward;
 # the naive root would need about <span data-glue="scale_naive_h">4</span> hours per step.
+# The binomial tree's root sends <span data-glue="scale_tree_gb">3,492</span> GB (the ring's
+# NICs <span data-glue="scale_ring_gb">698</span> GB) and needs
+# <span data-glue="scale_tree_s">139.7</span> s: that is the price of sending the whole
+# gradient in every message, which NCCL's pipelined trees avoid.
 
 # %%
 from parlab.comm import one_collective
@@ -528,8 +572,9 @@ scaling_explorer()
 # %% [markdown]
 # ## 8. Lossless matters
 #
-# The chapter says the network must not lose a transfer, because training stops when one
-# goes missing. Two different failures hide in that sentence:
+# The chapter asks for lossless transport, because training pauses if even one packet goes
+# missing during the synchronization, and without a snapshot it must start over. Two
+# different failures hide in that warning:
 #
 # * **A lost packet** is not fatal. RDMA transports (InfiniBand, RoCE) detect the loss and
 #   retransmit; the collective finishes, late. Loss costs latency and throughput, which is
@@ -539,15 +584,16 @@ scaling_explorer()
 #   arrives. A collective is a promise that every rank takes part, so the ranks waiting for
 #   it wait until a timeout, and the job stops.
 #
-# The book's "one lost packet stops the run" merges the two: the second stops a run, the
-# first only slows it. Below is the second kind.
+# The book's warning that a single lost packet pauses training merges the two: the second
+# stops a run, the first only slows it. Below is the second kind.
 #
-# We make rank <span data-glue="fail_rank">1</span> lose its transfer of bucket
-# <span data-glue="fail_bucket">1</span> in step <span data-glue="fail_step">5</span> (with
-# <span data-glue="fail_cap">200</span>-byte buckets, a step syncs
-# <span data-glue="fail_buckets">3</span> buckets, counted from 0). Every rank keeps a
-# journal of the buckets it sent and the updates it applied, and rank 0 saves a checkpoint
-# every <span data-glue="fail_every">3</span> steps.
+# With a cap of <span data-glue="fail_cap">200</span> bytes a step syncs
+# <span data-glue="fail_buckets">2</span> buckets. We make rank
+# <span data-glue="fail_rank">1</span> lose its transfer of bucket
+# <span data-glue="fail_bucket">1</span> (buckets are counted from 0) in step
+# <span data-glue="fail_step">5</span>. Every rank keeps a journal of the buckets it sent and
+# the updates it applied, and rank 0 saves a checkpoint every
+# <span data-glue="fail_every">3</span> steps.
 
 # %%
 import tempfile
@@ -580,11 +626,12 @@ glue("fail_every", every)
 _ = glue("fail_last_update", max(last_update))
 
 # %% [markdown]
-# Rank 0 had already received the averages of the buckets before the lost one, but no rank
+# Rank 0 had already received the average of every bucket before the lost one, but no rank
 # applied a partial update: the update only happens once every bucket has come back. Both
 # journals end with the update of step <span data-glue="fail_last_update">4</span>, and the
-# same weights. The job stopped as a whole, which is what the chapter asks of the network:
-# it is better to stop than to go on with wrong numbers.
+# same weights. The job stopped as a whole, and the replicas are still copies of one model:
+# a failure that stops the job costs time, but it is better than going on with wrong
+# numbers.
 #
 # What would "going on" look like? Below, rank <span data-glue="lose_rank">1</span> silently
 # keeps its own gradient in step <span data-glue="lose_step">2</span>, as if its peers' data

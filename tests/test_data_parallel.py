@@ -51,15 +51,103 @@ def test_split_batch_rejects_bad_input_clearly():
 # ------------------------------------------------------------------ buckets and the optimizer
 
 
-def test_buckets_pack_last_tensors_first_under_the_cap():
+def test_buckets_close_once_they_reach_the_cap_last_tensors_first():
     ts = [torch.zeros(10), torch.zeros(3), torch.zeros(3), torch.zeros(20)]  # 40, 12, 12, 80 B
     assert dp.make_buckets(ts) == [[3], [2], [1], [0]]
-    assert dp.make_buckets(ts, 64) == [[3], [2, 1, 0]]
+    # cap 60: 80 >= 60 closes [3]; 12 + 12 + 40 = 64 >= 60 closes [2, 1, 0] (over the cap)
+    assert dp.make_buckets(ts, 60) == [[3], [2, 1, 0]]
+    # cap 100: 80 + 12 + 12 = 104 closes [3, 2, 1]; 40 is left open, a bucket of its own
+    assert dp.make_buckets(ts, 100) == [[3, 2, 1], [0]]
+    assert dp.bucket_bytes(ts, 100) == [104, 40] and dp.bucket_bytes(ts) == [80, 12, 12, 40]
+    assert dp.make_buckets(ts, 144) == [[3, 2, 1, 0]]  # exactly the cap: one bucket
     assert dp.make_buckets(ts, 10**6) == [[3, 2, 1, 0]]
-    mixed = [torch.zeros(2), torch.zeros(2, dtype=torch.float64)]
-    assert dp.make_buckets(mixed, 10**6) == [[1], [0]]
+    # a float64 tensor goes to a bucket of its own dtype; float32 ones still share theirs
+    mixed = [torch.zeros(2), torch.zeros(2, dtype=torch.float64), torch.zeros(2)]
+    assert dp.make_buckets(mixed, 10**6) == [[2, 0], [1]]
     with pytest.raises(ValueError, match="bucket_cap_bytes must be a positive integer"):
         dp.make_buckets(ts, 0)
+
+
+def _ddp_reference(tensors, *caps):
+    """DDP's own bucket assignment, last tensor first, as indices into ``tensors``."""
+    import torch.distributed as dist
+    last_first = list(reversed(tensors))
+    buckets, _ = dist._compute_bucket_assignment_by_size(last_first, list(caps))
+    return [[len(tensors) - 1 - j for j in bucket] for bucket in buckets]
+
+
+def _small_cnn_parameters():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16),
+                              torch.nn.Conv2d(16, 32, 5), torch.nn.Flatten(),
+                              torch.nn.Linear(32 * 4 * 4, 10), torch.nn.Linear(10, 10).double())
+    return list(net.parameters())
+
+
+def test_buckets_match_ddps_own_assignment():
+    figure = list(dp.make_model(FIGURE_8_2).parameters())  # 96, 24, 144, 24, 48, 8 B
+    # the reviewer's case, by hand: 8 + 48 + 24 + 144 = 224 >= 200, then 24 + 96 = 120
+    assert _ddp_reference(figure, 200) == dp.make_buckets(figure, 200) == [[5, 4, 3, 2], [1, 0]]
+    from parlab.models import GPT, GPT2_SMALL
+    with torch.device("meta"):
+        gpt2 = list(GPT(GPT2_SMALL).parameters())
+    cases = [(figure, (1, 24, 80, 200, 223, 224, 344, 10**6)),
+             (_small_cnn_parameters(), (1, 100, 1000, 5000, 20_000, 10**6)),
+             (gpt2, (2**20, 25 * 2**20, 100 * 2**20))]
+    for tensors, caps in cases:
+        for cap in caps:
+            assert dp.make_buckets(tensors, cap) == _ddp_reference(tensors, cap), \
+                (len(tensors), cap)
+            for first in (1, cap // 3 or 1, 3 * cap):  # a first bucket with a cap of its own
+                assert dp.make_buckets(tensors, cap, first) == _ddp_reference(tensors, first, cap)
+    with pytest.raises(ValueError, match="first_cap_bytes=100 needs a bucket_cap_bytes"):
+        dp.make_buckets(figure, None, 100)
+
+
+def _ddp_default_buckets():
+    """Rank side: a default DDP's buckets after its first iteration, and its parameters."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(400, 400) for _ in range(48)])  # 29.4 MiB
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    for _ in range(3):
+        model(torch.randn(2, 400)).sum().backward()
+    data = model._get_ddp_logging_data()
+    indices = data["rebuilt_per_bucket_param_indices"].split(",")
+    return ([[int(i) for i in bucket.split()] for bucket in indices],
+            [int(b) for b in data["rebuilt_bucket_sizes"].split(",")])
+
+
+def test_ddp_default_caps_are_what_a_running_ddp_uses():
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as ddp_module
+    assert dp.DDP_FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+    assert dp.DDP_BUCKET_CAP_BYTES == ddp_module._DEFAULT_BUCKET_CAP_MB * 2**20 == 25 * 2**20
+    buckets, sizes = run(_ddp_default_buckets, 2)[0]
+    params = list(torch.nn.Sequential(*[torch.nn.Linear(400, 400) for _ in range(48)]).parameters())
+    assert buckets == dp.make_buckets(params, dp.DDP_BUCKET_CAP_BYTES, dp.DDP_FIRST_BUCKET_BYTES)
+    assert sizes == dp.bucket_bytes(params, dp.DDP_BUCKET_CAP_BYTES, dp.DDP_FIRST_BUCKET_BYTES)
+    # by hand: a layer is 400 x 400 x 4 = 640,000 B of weight and 1,600 B of bias; the first
+    # bucket closes after 2 layers (1,283,200 B >= 1 MiB), the next after 41 more
+    # (41 x 641,600 = 26,305,600 B >= 25 MiB; 40 would be 25,664,000 B), and the last
+    # 5 layers are what is left
+    assert sizes == [2 * 641_600, 41 * 641_600, 5 * 641_600]
+
+
+def _ddp_rebuilt_buckets(spec, cap):
+    """Rank side: the buckets a real DDP rebuilds after its first iteration (gradient order)."""
+    model = torch.nn.parallel.DistributedDataParallel(dp.make_model(spec),
+                                                      bucket_cap_mb=cap / 2**20)
+    x, y = dp.make_batch(spec, 0)
+    for _ in range(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    text = model._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]
+    return [[int(i) for i in bucket.split()] for bucket in text.split(",")]
+
+
+@pytest.mark.parametrize("cap", [60, 200])
+def test_buckets_match_what_a_running_ddp_rebuilds(cap):
+    assert run(_ddp_rebuilt_buckets, 2, FIGURE_8_2, cap)[0] == dp.make_buckets(
+        list(dp.make_model(FIGURE_8_2).parameters()), cap)
 
 
 def test_the_optimizer_is_torch_sgd_and_a_checkpoint_keeps_its_momentum_on_the_cpu():
@@ -113,7 +201,8 @@ def test_buckets_change_the_calls_not_the_result(backend):
     per_tensor = dp.train(SPEC, 2, backend=backend)
     bucketed = dp.train(SPEC.replace(bucket_cap_bytes=200), 2, backend=backend)
     one = dp.train(SPEC.replace(bucket_cap_bytes=10**6), 2, backend=backend)
-    assert [r[0].calls[0] for r in (per_tensor, bucketed, one)] == [6, 3, 1]
+    # 6 tensors; under 200 B: b3 + W3 + b2 + W2 = 224 B closes a bucket, b1 + W1 = 120 B
+    assert [r[0].calls[0] for r in (per_tensor, bucketed, one)] == [6, 2, 1]
     assert per_tensor[0].sync_bytes == one[0].sync_bytes == [344] * SPEC.steps
     for runs in (bucketed, one):
         assert_states_close(runs[1].state, reference.state)
@@ -191,6 +280,12 @@ def test_figure_8_2_has_one_colour_scale_per_kind_of_panel():
 
     result = run_figure_8_2()
     fig = figure_8_2(result)
+    # the title states a bound, not the CPU-dependent difference; the one-process column
+    # labels its gradient panel as the whole batch's gradient, not (local + remote) / N
+    assert result.max_difference() < 1e-6
+    assert fig.get_suptitle().endswith("weights equal one process's to within 1e-6")
+    labelled = [ax.get_xlabel() for ax in fig.axes if ax.get_xlabel()]
+    assert labelled == ["∇W1 of the whole batch"]
     # the limits, worked out here from the run's tensors: the largest |entry| of dW1 over
     # every gradient panel, and of W1 over every weight panel (replicas and one process)
     grads = [r[k][0] for r in result.ranks for k in ("local", "remote", "averaged")]
@@ -246,7 +341,8 @@ def test_traffic_per_layer_is_c_in_times_c_out_whatever_the_batch():
 
 def test_bucketing_cuts_calls_and_latency_not_bandwidth():
     tensors = [torch.empty(1000, 1000, device="meta"), torch.empty(1000, device="meta")] * 10
-    table = bucketing_table(tensors, gpus=8, gbps=400, caps=(None, 8_100_000, 2**40))
+    # cap 8 MB: bias + weight + bias + weight = 8,008,000 B closes a bucket: 20 tensors, 5 calls
+    table = bucketing_table(tensors, gpus=8, gbps=400, caps=(None, 8_000_000, 2**40))
     assert list(table["all-reduce calls"]) == [20, 5, 1]
     latency = list(table["of which latency ms"])
     assert latency == sorted(latency, reverse=True) and latency[0] == pytest.approx(20 * latency[2])

@@ -71,8 +71,9 @@ def allreduce_bytes_per_rank(nbytes: float, n: int, algorithm: str = "ring") -> 
 
     ring: 2(n-1)/n x nbytes for every rank (the wire total shared evenly; exact when n
     divides the tensor); naive: the root sends (n-1) x nbytes (and receives as much), every
-    other rank nbytes; tree: nbytes up to the parent, plus nbytes to each child on the way
-    down.
+    other rank nbytes; tree (a binomial tree, not pipelined): nbytes up to the parent, plus
+    nbytes to each child on the way down. NCCL's trees pipeline chunks instead, which brings
+    a rank's bytes down to about twice the tensor, close to the ring.
     """
     _check(n, algorithm)
     if algorithm == "ring":
@@ -94,9 +95,12 @@ def allreduce_time(nbytes: float, n: int, algorithm: str = "ring",
                    link: LinkSpec | None = None) -> float:
     """Alpha-beta seconds of one all-reduce when every pair of ranks is joined by ``link``.
 
-    ring: 2(n-1) steps of alpha + (nbytes/n)/beta; naive: 2 steps in which the root's port
-    carries (n-1) x nbytes; tree: 2 ceil(log2 n) steps of alpha + nbytes/beta. The default
-    link is a 400 Gb/s NIC.
+    ring: 2(n-1) steps of alpha + (nbytes/n)/beta, each rank sending and receiving at once;
+    naive: 2 steps in which the root's port carries (n-1) x nbytes; tree (binomial, not
+    pipelined): 2 ceil(log2 n) steps of alpha + nbytes/beta. Naive and tree count the receive
+    phase (the reduce towards the root) and then the send phase (the results going back),
+    one after the other, so their time is about twice the busiest rank's sent bytes over the
+    bandwidth. The default link is a 400 Gb/s NIC.
     """
     link = link or nic(400)
     steps = allreduce_steps(n, algorithm)

@@ -8,7 +8,8 @@ GPUs). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and :mod:`parlab.models`
 """
 
 from parlab.data_parallel.sync import (
-    all_reduce_buckets, GradientExchange, make_buckets, split_batch, step, SyncStats
+    all_reduce_buckets, bucket_bytes, DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES,
+    GradientExchange, make_buckets, split_batch, step, SyncStats
 )
 from parlab.data_parallel.training import (
     latest_checkpoint, LostTransfer, make_batch, make_model, make_optimizer, max_difference,
@@ -22,7 +23,8 @@ from parlab.data_parallel.scaling import (
     sync_cost, traffic_table
 )
 
-__all__ = ["split_batch", "make_buckets", "all_reduce_buckets", "SyncStats", "step",
+__all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTES",
+           "DDP_BUCKET_CAP_BYTES", "all_reduce_buckets", "SyncStats", "step",
            "GradientExchange", "TrainSpec", "RankRun", "make_model", "make_batch",
            "make_optimizer", "train", "train_rank", "reference", "LostTransfer",
            "latest_checkpoint", "read_journal", "max_difference", "training_trace", "FIGURE_8_2",

@@ -14,7 +14,7 @@ from parlab.comm import (
     allreduce_bytes_per_rank, allreduce_steps, allreduce_time, nic, run_with_traffic
 )
 from parlab.data_parallel.figure_8_2 import replica_names
-from parlab.data_parallel.sync import make_buckets
+from parlab.data_parallel.sync import bucket_bytes, make_buckets
 from parlab.data_parallel.training import (
     TrainSpec, make_model, max_difference, reference, train_rank
 )
@@ -118,12 +118,11 @@ def bucketing_table(params, gpus: int = 64, gbps: float = 400,
 
     link, rows = nic(gbps), []
     for cap in caps:
-        buckets = make_buckets(params, cap)
-        sizes = [sum(params[i].numel() * params[i].element_size() for i in b) for b in buckets]
+        sizes = bucket_bytes(params, cap)
         seconds = sum(allreduce_time(s, gpus, "ring", link) for s in sizes)
-        latency = len(buckets) * allreduce_steps(gpus, "ring") * link.alpha
+        latency = len(sizes) * allreduce_steps(gpus, "ring") * link.alpha
         rows.append({"bucket cap": "one per tensor" if cap is None else
                      ("everything" if cap >= sum(sizes) else f"{cap / 2**20:.3g} MiB"),
-                     "all-reduce calls": len(buckets), "modelled ms": round(seconds * 1e3, 3),
+                     "all-reduce calls": len(sizes), "modelled ms": round(seconds * 1e3, 3),
                      "of which latency ms": round(latency * 1e3, 3)})
     return pd.DataFrame(rows)

@@ -35,7 +35,8 @@ from torch import nn
 from parlab.comm import span
 from parlab.models import BookMLP
 
-__all__ = ["split_batch", "make_buckets", "all_reduce_buckets", "SyncStats", "step",
+__all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTES",
+           "DDP_BUCKET_CAP_BYTES", "all_reduce_buckets", "SyncStats", "step",
            "GradientExchange"]
 
 
@@ -93,29 +94,64 @@ class SyncStats:
         return sum(self.bucket_bytes)
 
 
-def make_buckets(tensors, cap_bytes: int | None = None) -> list[list[int]]:
-    """Indices of ``tensors`` packed into buckets of at most ``cap_bytes`` (last tensor first).
+#: DistributedDataParallel's default bucket caps (``torch.distributed``'s first-bucket
+#: default and DDP's ``bucket_cap_mb=25``): when ``bucket_cap_mb`` is not set, the first
+#: bucket (the last layers, whose gradients are ready first) holds about 1 MiB, the others
+#: about 25 MiB. The tests hold both against a running DDP.
+DDP_FIRST_BUCKET_BYTES = 2**20
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
 
-    ``None`` means no bucketing: one all-reduce per tensor. The last tensors come first
-    because backward produces the last layer's gradients first, which is why
-    DistributedDataParallel fills its buckets in that order and can start sending early.
-    A tensor larger than the cap gets a bucket of its own; a dtype change starts a new one.
+
+def make_buckets(tensors, cap_bytes: int | None = None,
+                 first_cap_bytes: int | None = None) -> list[list[int]]:
+    """Indices of ``tensors`` packed into buckets the way DistributedDataParallel packs them.
+
+    The walk goes from the last tensor back, because backward produces the last layer's
+    gradients first. Each tensor joins the open bucket of its dtype and device whole; once
+    that bucket holds ``cap_bytes`` or more it closes, and the next tensor opens a new one.
+    So a bucket can exceed the cap (by less than its last tensor), and a tensor larger than
+    the cap closes the bucket it joins. ``first_cap_bytes``, if given, is the cap of the
+    first bucket (per dtype and device), as DDP's :data:`DDP_FIRST_BUCKET_BYTES`. Buckets
+    are listed in the order of their first tensor. This is the rule of
+    ``torch.distributed._compute_bucket_assignment_by_size``, which DDP applies in the order
+    gradients became ready after its first iteration (the tests compare the two). ``None``
+    means no bucketing: one all-reduce per tensor.
     """
-    if cap_bytes is not None and (isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int)
-                                  or cap_bytes < 1):
-        raise ValueError(f"bucket_cap_bytes must be a positive integer or None, got {cap_bytes!r}")
+    for name, value in (("bucket_cap_bytes", cap_bytes), ("first_cap_bytes", first_cap_bytes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    if cap_bytes is None and first_cap_bytes is not None:
+        raise ValueError(f"first_cap_bytes={first_cap_bytes} needs a bucket_cap_bytes for the "
+                         f"buckets after the first; got bucket_cap_bytes=None")
+    order = list(reversed(range(len(tensors))))
+    if cap_bytes is None:
+        return [[i] for i in order]
     buckets: list[list[int]] = []
-    size, dtype = 0, None
-    for i in reversed(range(len(tensors))):
+    open_buckets: dict[tuple, tuple[list[int], int]] = {}  # (dtype, device) -> (indices, bytes)
+    closed_one: set[tuple] = set()  # keys whose first bucket has closed
+    for i in order:
         t = tensors[i]
-        nbytes = t.numel() * t.element_size()
-        if (cap_bytes is None or not buckets or t.dtype != dtype
-                or size + nbytes > cap_bytes):
-            buckets.append([])
-            size, dtype = 0, t.dtype
-        buckets[-1].append(i)
-        size += nbytes
-    return buckets
+        key = (t.dtype, t.device)
+        indices, size = open_buckets.pop(key, ([], 0))
+        indices.append(i)
+        size += t.numel() * t.element_size()
+        first = first_cap_bytes is not None and key not in closed_one
+        if size >= (first_cap_bytes if first else cap_bytes):
+            buckets.append(indices)
+            closed_one.add(key)
+        else:
+            open_buckets[key] = (indices, size)
+    buckets.extend(indices for indices, _ in open_buckets.values())
+    position = {i: k for k, i in enumerate(order)}
+    return sorted(buckets, key=lambda b: position[b[0]])
+
+
+def bucket_bytes(tensors, cap_bytes: int | None = None,
+                 first_cap_bytes: int | None = None) -> list[int]:
+    """Bytes in each bucket of :func:`make_buckets` (the size of each all-reduce)."""
+    return [sum(tensors[i].numel() * tensors[i].element_size() for i in bucket)
+            for bucket in make_buckets(tensors, cap_bytes, first_cap_bytes)]
 
 
 def all_reduce_buckets(tensors, cap_bytes: int | None = None, average: bool = True,

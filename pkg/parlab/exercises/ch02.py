@@ -38,9 +38,19 @@ def _nbytes(t) -> int:
 
 
 def _bucket_count() -> int:
-    """02.1: all-reduce calls per step with buckets of at most ``_CAP`` bytes."""
+    """02.1: all-reduce calls per step with DDP's buckets under a cap of ``_CAP`` bytes."""
     from parlab.data_parallel import make_buckets
     return len(make_buckets(_parameters(), _CAP))
+
+
+def _buckets_never_over_cap() -> int:
+    """02.1's usual slip: a bucket that may never pass the cap (DDP's may, by one tensor)."""
+    count, size = 0, None
+    for nbytes in map(_nbytes, reversed(_parameters())):
+        if size is None or size + nbytes > _CAP:
+            count, size = count + 1, 0
+        size += nbytes
+    return count
 
 
 def _ring_mean_bytes() -> float:
@@ -57,16 +67,15 @@ def _layer_bytes() -> int:
 
 
 @exercise("02.1", f"Figure 8-2's model (layers 4, 6, 6, 2: a weight matrix and a bias each, "
-                  f"fp32) packs its gradients into buckets of at most {_CAP} bytes, from the last "
-                  f"tensor back, a tensor never split. How many all-reduce calls does a step "
-                  f"make?")
+                  f"fp32) packs its gradients into buckets with a cap of {_CAP} bytes, the way DDP "
+                  f"does: from the last tensor back, each tensor whole, and a bucket closes as "
+                  f"soon as it holds the cap or more. How many all-reduce calls does a step make?")
 def _buckets(answer):
     params, value, expected = _parameters(), _number(answer), _bucket_count()
-    total = sum(map(_nbytes, params))
     if value == expected:
-        return right("Whole tensors, last first: a bucket takes the next tensor while it stays "
-                     "under the cap, and the first one that would overflow it starts a new "
-                     "bucket. Fewer calls, the same bytes.")
+        return right("Whole tensors, last first: each one joins the open bucket, and the bucket "
+                     "closes once it reaches the cap, so a bucket can end up over it. Fewer "
+                     "calls, the same bytes.")
     if value != int(value) or value < 1:
         return wrong("Give a whole, positive number of all-reduce calls.")
     if value == len(params):
@@ -74,16 +83,16 @@ def _buckets(answer):
                      "tensors fit under the cap together.")
     if value == 1:
         return wrong("One bucket would hold the whole gradient. Add up the tensors' bytes: "
-                     "does it stay under the cap?")
-    if value == math.ceil(total / _CAP):
-        return wrong("That divides the gradient's bytes by the cap, as if a tensor could be cut "
-                     "across two buckets. A tensor goes whole into one bucket: pack them one by "
-                     "one and see where each bucket has to close.")
+                     "does the bucket reach the cap before the last tensor is in?")
+    if value == _buckets_never_over_cap():
+        return wrong("That keeps every bucket at or under the cap: a tensor that would push a "
+                     "bucket over it starts a new one. DDP adds the tensor first and only then "
+                     "looks at the total. When does a bucket close under that rule?")
     if value > len(params):
         return wrong("There cannot be more buckets than tensors.")
     return wrong("Write down each tensor's bytes (a weight is C_out x C_in numbers, a bias "
-                 "C_out, 4 bytes each), start from the last one, and add tensors to the "
-                 "current bucket while its total stays at or under the cap.")
+                 "C_out, 4 bytes each), start from the last one, add each tensor to the open "
+                 "bucket, and close the bucket as soon as its total reaches the cap.")
 
 
 @exercise("02.2", f"Figure 8-2's model syncs its whole gradient (fp32) in one bucket with a "
@@ -97,21 +106,22 @@ def _ring_bytes(answer):
                      "sending N - 1 of the N chunks: 2(N-1)/N of the gradient. Uneven chunks "
                      "make single GPUs differ by a few bytes; the average is exact.")
     if close(value, expected / 4):
-        return wrong("That counts numbers. The question asks for bytes, and fp32 numbers are "
-                     "4 bytes each.")
+        return wrong("Is your answer in numbers or in bytes? Look again at the unit the "
+                     "question asks for.")
     if close(value, size):
         return wrong("That is the whole gradient once, what each GPU sends on a ring of 2. "
                      "With more GPUs the ring cuts the gradient into N chunks: count the chunks "
                      "one GPU sends.")
     if close(value, (n - 1) / n * size):
-        return wrong("That is one pass around the ring, the reduce-scatter. The all-gather that "
-                     "shares the sums sends as much again.")
+        return wrong("That counts one pass around the ring, the reduce-scatter. A ring "
+                     "all-reduce has a second half: what does the all-gather half of the ring "
+                     "send?")
     if close(value, (n - 1) * size):
         return wrong("That is what the naive algorithm's root sends. In a ring each GPU only "
                      "forwards chunks of 1/N of the gradient.")
     if close(value, 2 * size):
-        return wrong("That is where the ring levels off for very many GPUs. Each pass sends "
-                     "N - 1 of the N chunks, not all of them.")
+        return wrong("That is where the ring levels off for very many GPUs. On a ring of only "
+                     "a few GPUs, how many of the chunks does one GPU send in each pass?")
     if value > 2 * size:
         return wrong("Each step of the ring sends one chunk (1/N of the gradient), not the "
                      "whole gradient.")
@@ -133,10 +143,11 @@ def _layer_traffic(answer):
                      "each rank sends half of it twice, one tensor's worth. A larger batch costs "
                      "computation, not traffic.")
     if value == c_in * c_out:
-        return wrong("That counts numbers; the question asks for bytes (fp32).")
+        return wrong("Is your answer in numbers or in bytes? Look again at the unit the "
+                     "question asks for.")
     if value == 2 * expected:
-        return wrong("On a ring of 2, each pass (reduce-scatter, then all-gather) sends half "
-                     "the tensor, not all of it.")
+        return wrong("That sends the whole tensor in each of the ring's two passes. How does "
+                     "a ring share the work of one pass among its ranks?")
     if value > expected and value % expected == 0:
         return wrong("That grows with the batch. The gradient is summed over the samples "
                      "before it is sent: does its shape depend on how many there were?")

@@ -28,26 +28,28 @@ _FP32 = 4
 
 
 def _buckets() -> Solution:
-    cap, lines, buckets = 200, [], [[]]
+    cap, lines, buckets = 200, [], []
     size = 0
     for name, numbers in reversed(_TENSORS):  # backward makes the last layer's first
         nbytes = numbers * _FP32
-        if buckets[-1] and size + nbytes > cap:
-            lines.append(f"  {name} ({nbytes} B): {size} + {nbytes} > {cap}, a new bucket")
+        if size == 0:
             buckets.append([])
-            size = 0
-        else:
-            lines.append(f"  {name} ({nbytes} B): bucket {len(buckets)} now holds "
-                         f"{size + nbytes} B")
         buckets[-1].append(name)
         size += nbytes
+        if size >= cap:
+            lines.append(f"  {name} ({nbytes} B): bucket {len(buckets)} holds {size} B >= {cap}, "
+                         f"it closes")
+            size = 0
+        else:
+            lines.append(f"  {name} ({nbytes} B): bucket {len(buckets)} holds {size} B")
     groups = ", ".join("[" + " ".join(b) + "]" for b in buckets)
-    total = sum(n for _, n in _TENSORS) * _FP32
     return Solution(len(buckets), (
         f"Bytes per tensor: " + ", ".join(f"{n} {k * _FP32}" for n, k in _TENSORS) + ".\n"
-        f"Pack from the last tensor back, each tensor whole:\n" + "\n".join(lines) + "\n"
-        f"Buckets: {groups}, one all-reduce each. (Dividing {total} B by {cap} B would say "
-        f"{-(-total // cap)}, but a tensor is never cut across buckets.)"))
+        f"From the last tensor back, each tensor joins the open bucket whole, and the bucket "
+        f"closes once it holds {cap} B or more:\n" + "\n".join(lines) + "\n"
+        f"The last bucket closes when backward has produced every gradient.\n"
+        f"Buckets: {groups}, one all-reduce each. The first is over the cap: DDP adds a tensor "
+        f"before it compares the total with the cap."))
 
 
 def _ring_bytes() -> Solution:
