@@ -24,9 +24,8 @@
 #
 # In this notebook you will:
 #
-# 1. count GPT-3's parameters per layer and see how much memory each GPU keeps when the
-#    layers are split <span data-glue="tp_degrees">1, 2, 4 or 8</span> ways (the numbers
-#    behind Figure 8-15's discussion);
+# 1. count GPT-3's parameters per layer and see how much memory each GPU keeps as the
+#    layers are split more and more ways (the numbers behind Figure 8-15's discussion);
 # 2. cut tensors by rows, columns, heads and token ranges, and print who owns what;
 # 3. run the two ways of holding the word-embedding table: on one GPU with a broadcast (the
 #    book's default) and split by vocabulary;
@@ -93,13 +92,15 @@ show(transformer_figure())
 # **Two of the book's numbers are not roundings of these counts.** Its "about 605 million"
 # per attention layer and "about 173 billion" for the blocks sit next to the exact counts,
 # rounded the usual way, below. The attention count rounds *down*, so 605 M is a slip.
-# The block total matches another route: round one block first, then multiply by the
-# number of blocks, which drops <span data-glue="rounding_dropped_b">1.2</span> billion
-# parameters. Rounding the exact total gives a different figure.
+# The block total matches another route: round one block to
+# <span data-glue="rounding_block_b">1.8</span> billion parameters first, then multiply by
+# the <span data-glue="rounding_layers">96</span> blocks. That gives
+# <span data-glue="rounding_route_b">172.8</span> billion, which rounds to
+# <span data-glue="rounding_route_rounded_b">173</span> billion, the book's figure; the exact
+# total rounds to <span data-glue="rounding_exact_b">174</span> billion.
 
 # %%
 from parlab.tensor_parallel import book_rounding
-from parlab.units import GB
 from parlab.viz import glue
 
 r = book_rounding()
@@ -108,8 +109,13 @@ print(f"attention layer: {r['attention']:,} rounds to {r['attention_rounded_to_m
 print(f"all blocks:      {r['blocks']:,} rounds to {r['blocks_rounded_to_billions'] / 1e9:g} B;"
       f" the book: {r['book_blocks'] / 1e9:g} B")
 print(f"{r['layers']} x one block rounded to {r['block_rounded'] / 1e9:g} B first = "
-      f"{r['blocks_from_rounded'] / 1e9:g} B")
-_ = glue("rounding_dropped_b", (r["blocks"] - r["blocks_from_rounded"]) / GB, ".1f")
+      f"{r['blocks_from_rounded'] / 1e9:g} B, which rounds to "
+      f"{r['blocks_from_rounded'] / 1e9:.0f} B")
+glue("rounding_block_b", r["block_rounded"] / 1e9, "g")
+glue("rounding_layers", r["layers"])
+glue("rounding_route_b", r["blocks_from_rounded"] / 1e9, "g")
+glue("rounding_route_rounded_b", r["blocks_from_rounded"] / 1e9, ".0f")
+_ = glue("rounding_exact_b", r["blocks_rounded_to_billions"] / 1e9, ".0f")
 
 # %% [markdown]
 # ### Does one layer exceed a GPU? Not in GPT-3
@@ -123,6 +129,7 @@ _ = glue("rounding_dropped_b", (r["blocks"] - r["blocks_from_rounded"]) / GB, ".
 
 # %%
 from parlab.tensor_parallel import layer_memory
+from parlab.units import GB
 
 lm = layer_memory(tp=8, microbatches=8)
 print(f"feed-forward layer: {lm['ffn_parameters']:,} parameters, "
@@ -161,13 +168,11 @@ _ = glue("tp_gpt3", lm["tp"])
 # %%
 from parlab.viz.widgets import shard_memory_explorer
 
-degrees = (1, 2, 4, 8)
-rows = counting.parameter_memory(degrees=degrees)
+rows = counting.parameter_memory(degrees=(1, 2, 4, 8))
 for row in rows:
     print(f"tp={row['tp']}: {row['parameters']:>15,} parameters, {row['bytes'] / 1e9:6.1f} GB "
           f"in fp16; fits in 80 GB: {row['fits_80GB']}")
 print("smallest degree whose parameters fit:", min(r["tp"] for r in rows if r["fits_80GB"]))
-glue("tp_degrees", ", ".join(map(str, degrees[:-1])) + f" or {degrees[-1]}")
 shard_memory_explorer()
 
 # %% [markdown]
@@ -239,7 +244,8 @@ print(describe(shard_spec("E", (gpt3.vocab, gpt3.d_model), "vocab", tp)[-2:]))
 
 # %% [markdown]
 # The vocabulary does not divide by <span data-glue="tp_gpt3">8</span>, so the ranges are
-# balanced: the first ranks get one more token id than the last ones. Cutting and gluing back gives the original tensor:
+# balanced: the first ranks get one more token id than the last ones. Cutting and gluing
+# back gives the original tensor:
 
 # %%
 import torch
@@ -354,9 +360,9 @@ print(mlp.traffic_table())
 # %% [markdown]
 # Each all-reduce carries a tensor of X's size. In the forward pass it sums B's partial
 # outputs; in the backward pass, the partial gradients of X (an activation gradient, not a
-# weight gradient: each GPU's weight gradients are its own). A ring all-reduce on
-# <span data-glue="mlp_ranks">2</span> GPUs puts the tensor on the wire
-# <span data-glue="mlp_ring_factor">2</span> times over:
+# weight gradient: each GPU's weight gradients are its own). A ring all-reduce over n GPUs
+# puts `2(n−1)` times the tensor's bytes on the wire, all GPUs together; on
+# <span data-glue="mlp_ranks">2</span> GPUs, twice the tensor:
 
 # %%
 from parlab.comm import ring_wire_bytes
@@ -365,8 +371,7 @@ x_grad, ranks = mlp.reference["x.grad"], mlp.info["world_size"]
 on_wire = ring_wire_bytes("all_reduce", x_grad.nbytes, ranks)
 print(f"X: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B; ring all-reduce on {ranks} GPUs: "
       f"{on_wire:g} B on the wire")
-glue("mlp_ranks", ranks)
-_ = glue("mlp_ring_factor", on_wire / x_grad.nbytes, "g")
+_ = glue("mlp_ranks", ranks)
 
 # %% [markdown]
 # ### The same MLP with PyTorch's API
@@ -452,17 +457,13 @@ strategy_explorer(batch=8, c_in=64, c_out=128)
 #
 # Figure 8-17 splits the query, key and value matrices between GPUs A1 and A2: A1 owns the
 # first half of each matrix's output columns, A2 the second half. Here with `d_model = 8`
-# and <span data-glue="att_heads">2</span> heads (dashed):
+# and `n_heads = 2` (the heads dashed), the sizes this section uses throughout:
 
 # %%
-from parlab.viz import show
 from parlab.viz.plots import qkv_sharding_figure
 
 size = dict(d_model=8, n_heads=2, batch=2, seq=4)  # the small layer of this section
 show(qkv_sharding_figure(d_model=size["d_model"], n_heads=size["n_heads"], ranks=2))
-glue("att_heads", size["n_heads"])
-glue("att_batch", size["batch"])
-_ = glue("att_seq", size["seq"])
 
 # %% [markdown]
 # Two slips in the book around this figure. Its caption speaks of "Shared" Q, K and V
@@ -497,8 +498,7 @@ print(f"from A1's share of X's features: off by up to {errors['input_share']:.2f
 # The book says the softmax *produces* the context vector. It produces the attention
 # weights: per head, one row per token, each row summing to 1. The context vectors are
 # those weights times V, softmax(QKᵀ/√d_head) V, which is what step 4 computes. The shapes,
-# for one sequence of <span data-glue="att_seq">4</span> tokens, `d_model = 8` and
-# <span data-glue="att_heads">2</span> heads:
+# for one sequence of the section's size (`seq = 4`, `d_model = 8`, `n_heads = 2`):
 
 # %%
 from parlab.tensor_parallel import softmax_and_context
@@ -536,9 +536,8 @@ print(softmax_and_context(d_model=size["d_model"], n_heads=size["n_heads"], seq=
 # `ColwiseParallel` on the three projections and `RowwiseParallel` on W_O, applied to an
 # ordinary module by `parallelize_module`.
 #
-# All three on the same weights, batch <span data-glue="att_batch">2</span>,
-# <span data-glue="att_seq">4</span> tokens, `d_model = 8`,
-# <span data-glue="att_heads">2</span> heads, causal mask:
+# All three on the same weights and the section's `size` (`batch = 2`, `seq = 4`,
+# `d_model = 8`, `n_heads = 2`), with a causal mask:
 
 # %%
 from parlab.tensor_parallel import collective_wire_bytes, run_attention
@@ -573,17 +572,15 @@ for name in attention:
 #
 # The log says which tensors were summed or gathered, by their size. Here the input has as
 # many elements as W_Q (batch x tokens = d_model), so run the book's and Megatron's layers
-# once more with <span data-glue="att_seq_odd">5</span> tokens instead of
-# <span data-glue="att_seq">4</span>: then no activation has the size of a weight or of
-# a weight shard. Each backward collective, with the size of the tensor it carried (from
+# once more with `seq = 5` instead of `seq = 4`: then no activation has the size of a weight
+# or of a weight shard. Each backward collective, with the size of the tensor it carried (from
 # its bytes on the wire and the ring formula), next to the activation size and the weight
 # shards:
 
 # %%
-from parlab.tensor_parallel import calls_table, collective_calls, gradient_shard_bytes
+from parlab.tensor_parallel import gradient_shard_bytes
 
 odd = dict(size, seq=5)
-glue("att_seq_odd", odd["seq"])
 evidence = {name: run_attention(name, **odd, backend="toy") for name in ("book", "megatron")}
 x_grad = evidence["book"].reference["x.grad"]
 print(f"X, Q, K and their gradients: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B")
@@ -826,17 +823,15 @@ show(ffn_figure(ffn))
 # %% [markdown]
 # How long would these transfers take on real links? `TrafficLog.time` applies the
 # alpha-beta model of `parlab.comm` (NVLink at <span data-glue="ffn_nvlink_gbs">450</span>
-# GB/s, NICs at <span data-glue="ffn_nic_speeds">100 or 400</span> Gb/s, plus a latency per
-# message; the messages of one step of a collective run at the same time, steps one after
-# another). Each type of link is timed on its own here:
+# GB/s, NICs at the two speeds of the loop below, plus a latency per message; the messages
+# of one step of a collective run at the same time, steps one after another). Each type of
+# link is timed on its own here:
 
 # %%
 from parlab.comm import TrafficLog
 
-nic_speeds = (100, 400)
-glue("ffn_nic_speeds", " or ".join(map(str, nic_speeds)))
 glue("ffn_nvlink_gbs", cluster.links["nvlink"].bandwidth / GB, ".0f")
-for gbps in nic_speeds:
+for gbps in (100, 400):
     c = figure_8_19(nic_gbps=gbps)
     for phase, log in ffn.traffic.items():
         per = {kind: TrafficLog(t for t in log.records if c.link_type(t.src, t.dst) == kind)

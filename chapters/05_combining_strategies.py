@@ -38,10 +38,9 @@
 #    reinforcement-learning placer); what larger batches buy and what they may cost in
 #    accuracy; then plan Llama-3-8B, or your own `config.json`, with activation recomputation
 #    on and off;
-# 4. run a small 3D-parallel job for real: <span data-glue="job_ranks">8</span> ranks, data
-#    <span data-glue="job_dp">2</span> x tensor <span data-glue="job_tp">2</span> x pipeline
-#    <span data-glue="job_pp">2</span>, equal to one-process training, with every message
-#    labelled by its group and link;
+# 4. run a small 3D-parallel job for real, split two ways along each of data, tensor and
+#    pipeline, equal to one-process training, with every message labelled by its group and
+#    link;
 # 5. see why serving a large model needs model parallelism too;
 # 6. solve five exercises; two of them ask you to predict a number before the notebook
 #    prints it, and two ask about sizes it never prints.
@@ -52,33 +51,30 @@
 # The slides' example is a convolutional network: a stack of convolutions that slide small
 # filters over large images, followed by fully connected layers. Their claim: the
 # convolutions do 90-95 % of the computation with about 5 % of the parameters, and the fully
-# connected layers the reverse. `parlab.models.cnn` measures a small CNN
-# (<span data-glue="cnn_convs">5</span> convolutions of <span data-glue="cnn_kernel">3x3</span>
-# and <span data-glue="cnn_fcs">2</span> fully connected layers, on
+# connected layers the reverse. `parlab.models.cnn` measures a small CNN (five 3x3
+# convolutions and two fully connected layers, on
 # <span data-glue="cnn_image">3 x 32 x 32</span> images) on a real training step: FLOPs with
-# PyTorch's `FlopCounterMode`, parameters by counting, tensor sizes with hooks.
+# PyTorch's `FlopCounterMode`, parameters by counting, tensor sizes with hooks (the
+# `image` column: the height x width each convolution sees):
 
 # %%
-from collections import Counter
-
 from parlab.models import SmallCNN, communication_per_layer, profile, share_by_kind
 from parlab.viz import glue
 
 image, cnn_batch = (3, 32, 32), 8
-cnn = SmallCNN()
-profiles = profile(cnn, image, batch=cnn_batch)
-print(f"{'layer':<6} {'kind':<5} {'parameters':>11} {'MFLOP (fwd+bwd)':>16} {'in':>7} {'out':>7}")
-for p in profiles:
-    print(f"{p.name:<6} {p.kind:<5} {p.params:>11,} {p.flops / 1e6:>16,.1f} "
-          f"{p.input_elems:>7,} {p.output_elems:>7,}")
+profiles = profile(SmallCNN(), image, batch=cnn_batch)
+print(f"{'layer':<6} {'kind':<5} {'kernel':>6} {'image':>6} {'parameters':>11} "
+      f"{'MFLOP (fwd+bwd)':>16} {'in':>7} {'out':>7}")
+for p in profiles:  # kernel and image: height x width, "-" for a fully connected layer
+    print(f"{p.name:<6} {p.kind:<5} {'x'.join(map(str, p.kernel_size or '-')):>6} "
+          f"{'x'.join(map(str, p.input_hw or '-')):>6} {p.params:>11,} "
+          f"{p.flops / 1e6:>16,.1f} {p.input_elems:>7,} {p.output_elems:>7,}")
 for kind, share in share_by_kind(profiles).items():
     print(f"{kind}: {share['flops']:.1%} of the FLOPs, {share['params']:.1%} of the parameters")
-kinds = Counter(p.kind for p in profiles)
-glue("cnn_convs", kinds["conv"])
-glue("cnn_fcs", kinds["fc"])
-glue("cnn_kernel", "x".join(map(str, cnn.conv1.kernel_size)))
+by_name = {p.name: p for p in profiles}
 glue("cnn_image", " x ".join(map(str, image)))
-glue("cnn_hw", " x ".join(map(str, image[1:])))
+glue("cnn_hw", " x ".join(map(str, by_name["conv1"].input_hw)))
+glue("conv5_hw", " x ".join(map(str, by_name["conv5"].input_hw)))
 _ = glue("cnn_batch", cnn_batch)
 
 # %% [markdown]
@@ -105,15 +101,10 @@ for r in communication_per_layer(profiles, batch=cnn_batch):
 # the largest batch for which splitting a layer still pays:
 
 # %%
-import math
-
 from parlab.hybrid import assignment_bytes, crossover_batch
 
 for layer in ("conv5", "fc1", "fc2"):
     print(f"{layer}: splitting moves fewer bytes up to batch {crossover_batch(profiles, layer):,}")
-conv5 = next(p for p in profiles if p.name == "conv5")
-side = math.isqrt(conv5.input_elems // cnn.conv5.in_channels)  # its input: C x side x side
-_ = glue("conv5_hw", f"{side} x {side}")
 
 # %% [markdown]
 # So the slides' advice is a rule for the *kind* of layer, and it is right in total: of the
@@ -184,14 +175,12 @@ print(summary_text(summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb
 # * **Does it fit?** Memory on the busiest GPU from `parlab.memory` (chapter 01):
 #   bf16 weights and gradients, fp32 master weights and Adam moments, and the activations
 #   of the micro-batches in flight (1F1B: up to pp of them on the first stage).
-# * **How long is a step?** Compute: <span data-glue="flops_per_token">6</span> x parameters
-#   x tokens FLOPs, shared by all GPUs, at <span data-glue="h100_tflops">989</span> TFLOP/s
-#   (an H100's dense bf16 peak) x <span data-glue="mfu_pct">40</span> %, times the share of
-#   that speed a
-#   micro-batch of its size reaches (small micro-batches run slower; see "Small
-#   micro-batches" below). Pipeline bubble: a step of m
-#   micro-batches lasts m + pp - 1 slots. Communication, from `parlab.comm.cost`'s alpha-beta
-#   model on the links the ranks land on: tensor-parallel all-reduces (four per block and
+# * **How long is a step?** Compute: `6 x parameters x tokens` FLOPs, shared by all GPUs,
+#   at <span data-glue="h100_tflops">989</span> TFLOP/s (an H100's dense bf16 peak) x
+#   <span data-glue="mfu_pct">40</span> %, times the share of that speed a micro-batch of its
+#   size reaches (small micro-batches run slower; see "Small micro-batches" below). Pipeline
+#   bubble: a step of m micro-batches lasts m + pp - 1 slots. Communication, from
+#   `parlab.comm.cost`'s alpha-beta model on the links the ranks land on: tensor-parallel all-reduces (four per block and
 #   micro-batch), pipeline sends between stages, one gradient all-reduce per stage across
 #   the replicas. Nothing is overlapped with compute, which makes the model simple and a
 #   little pessimistic.
@@ -205,23 +194,19 @@ print(summary_text(summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb
 # GPU counts, memory sizes and link speeds. Faded bars are layouts that do not fit.
 
 # %%
-from parlab.hybrid import Assumptions, cluster
-from parlab.models import (FLOPS_PER_PARAMETER_TOKEN, GPT3_175B, H100_BF16_TFLOPS,
-                           H100_HBM_TB_PER_S, MFU)
-from parlab.units import GB
+from parlab.hybrid import Assumptions
+from parlab.models import GPT3_175B, H100_BF16_TFLOPS, H100_HBM_TB_PER_S, MFU
 from parlab.viz.widgets import planner_explorer
 
-nic_gbps = 400
-nvlink_gbs = cluster(n_gpus, nic_gbps=nic_gbps).links["nvlink"].bandwidth / GB
-glue("flops_per_token", FLOPS_PER_PARAMETER_TOKEN)
+explorer = planner_explorer("GPT-3 175B", n_gpus, gpu_gb)
 glue("h100_tflops", H100_BF16_TFLOPS, "g")
 glue("h100_tbs", H100_HBM_TB_PER_S, "g")
 glue("mfu_pct", 100 * MFU, ".0f")
 glue("plan_batch", Assumptions().global_batch, ",")
 glue("gpt3_seq", GPT3_175B.context, ",")
-glue("nic_gbps", nic_gbps)
-glue("nvlink_gbs", nvlink_gbs, "g")
-planner_explorer("GPT-3 175B", n_gpus, gpu_gb, nic_gbps, nvlink_gbs)
+glue("nic_gbps", explorer.controls["nic_gbps"].value)
+glue("nvlink_gbs", explorer.controls["nvlink_gbs"].value, "g")
+explorer
 
 # %% [markdown]
 # ### Why not less model parallelism?
@@ -266,13 +251,12 @@ for r in found.rejected:
 # right under their own assumptions. Chapter 01 trains
 # <span data-glue="copy_few_batch">8</span> sequences as a single micro-batch, so the first
 # stage holds one micro-batch's activations while all but one stage wait. This step trains
-# <span data-glue="copy_step_batch">1,536</span> sequences in micro-batches of
-# <span data-glue="copy_step_micro">1</span>; 1F1B keeps pp of them on the first stage.
+# <span data-glue="copy_step_batch">1,536</span> sequences in micro-batches of one sequence;
+# 1F1B keeps pp of them on the first stage.
 # `copy_sizes` changes one assumption at a time:
 
 # %%
 from parlab.hybrid import copy_sizes
-from parlab.viz import glue
 
 sizes = copy_sizes("GPT-3 175B", global_batch=Assumptions().global_batch, gpus=n_gpus,
                    gpu_memory_gb=gpu_gb)
@@ -282,7 +266,6 @@ for row in sizes:
 glue("copy_few", sizes[0].gpus)
 glue("copy_few_batch", sizes[0].micro_batch)
 glue("copy_step_batch", sizes[1].microbatches * sizes[1].micro_batch, ",")
-glue("copy_step_micro", sizes[1].micro_batch)
 glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 glue("copy_recompute", sizes[3].gpus)
@@ -313,24 +296,15 @@ print(best.placement_table(18))
 print("links per group:", best.links)
 
 # %% [markdown]
-# A smaller layout shows the pattern on one screen: dp <span data-glue="small_dp">2</span> x
-# tp <span data-glue="small_tp">4</span> x pp <span data-glue="small_pp">4</span> on
-# <span data-glue="small_servers">4</span> servers of
-# <span data-glue="small_per_server">8</span> GPUs. Each server holds
-# <span data-glue="small_groups">2</span> tensor groups, one per replica, and each replica's
-# <span data-glue="small_pp">4</span> stages run down one set of rails. Here the copies of a
-# stage share a server, so even their gradient all-reduce stays on NVLink.
+# A smaller layout shows the pattern on one screen: `dp=2, tp=4, pp=4` on servers of eight
+# GPUs. Each server holds one tensor group of each replica, both of the same stage, and each
+# replica's stages run down one set of rails. Here the copies of a stage share a server, so
+# even their gradient all-reduce stays on NVLink.
 
 # %%
 from parlab.viz.plots import placement_figure
 
-small, per_server = dict(dp=2, tp=4, pp=4), 8
-show(placement_figure(**small, gpus_per_server=per_server))
-for name, degree in small.items():
-    glue(f"small_{name}", degree)
-glue("small_servers", cluster(math.prod(small.values()), per_server).servers)
-glue("small_groups", per_server // small["tp"])
-_ = glue("small_per_server", per_server)
+show(placement_figure(dp=2, tp=4, pp=4, gpus_per_server=8))
 
 # %% [markdown]
 # ### Small micro-batches: what the GPU pays
@@ -362,7 +336,7 @@ check("05.5", answer_05_5)
 # The whole block, across micro-batch sizes:
 
 # %%
-from parlab.models import GPT3_175B, block_matmul_efficiency
+from parlab.models import block_matmul_efficiency
 
 print("tokens per micro-batch:    " + "".join(f"{n:>7,}" for n in (64, 128, 256, 512, 2048)))
 for tp in (1, 8):
@@ -372,21 +346,15 @@ for tp in (1, 8):
 # %% [markdown]
 # The curve rises with the micro-batch and levels off at full speed. A measurement on this
 # machine's CPU shows the same effect: `torch.matmul` of a few tokens by a
-# <span data-glue="cpu_k">4,096</span> x <span data-glue="cpu_m">4,096</span> weight
-# (<span data-glue="cpu_weight_mb">67</span> MB in fp32, larger than the CPU's caches), in
-# GFLOP/s. (Measured here, so the
-# numbers change from run to run and machine to machine; for the smallest products the CPU
-# library switches between kernels, so the first rows can jump around.)
+# <span data-glue="cpu_k">4,096</span> x <span data-glue="cpu_m">4,096</span> weight in fp32,
+# larger than the CPU's caches, in GFLOP/s. (Measured here, so the numbers change from run to
+# run and machine to machine; for the smallest products the CPU library switches between
+# kernels, so the first rows can jump around.)
 
 # %%
-import torch
-
-from parlab.units import MB
-
 k = m = 4096  # the weight of the measurement below
 glue("cpu_k", k, ",")
-glue("cpu_m", m, ",")
-_ = glue("cpu_weight_mb", k * m * torch.finfo(torch.float32).bits / 8 / MB, ".0f")
+_ = glue("cpu_m", m, ",")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -582,31 +550,18 @@ print(mine[0].explain())
 # ## 4. A 3D-parallel job, for real
 #
 # The planner never runs anything. `parlab.hybrid.run_3d` runs the smallest interesting
-# layout: <span data-glue="job_ranks">8</span> ranks = data <span data-glue="job_dp">2</span>
-# x tensor <span data-glue="job_tp">2</span> x pipeline <span data-glue="job_pp">2</span>, on
-# a small GPT built by `parlab.models` (<span data-glue="job_blocks">4</span> blocks, d_model
-# <span data-glue="job_d_model">32</span>, <span data-glue="job_heads">4</span> heads). Each
-# pipeline stage holds <span data-glue="job_stage_blocks">2</span> blocks; inside a stage,
-# attention and MLP are split across the tensor ranks as Megatron does (chapter 04); the
-# stages pass <span data-glue="job_micro">2</span> micro-batches forward and their gradients
-# back with send/recv; the replicas average their gradients. The ranks sit as the planner
-# places them, on servers of <span data-glue="job_per_server">2</span> GPUs like
-# Figure 8-19's:
+# layout, two ways along each dimension: two replicas (data), each cut into two pipeline
+# stages, each stage split over two tensor ranks, eight ranks in all. The model is a small
+# GPT built by `parlab.models` (chapter 01's tiny model, deeper and with its head untied;
+# the module `parlab.hybrid.parallel3d` says why). Each pipeline stage holds half of the
+# blocks; inside a stage, attention and MLP are split across the tensor ranks as Megatron
+# does (chapter 04); the stages pass two micro-batches forward and their gradients back
+# with send/recv; the replicas average their gradients. The ranks sit as the planner places
+# them, on servers of two GPUs like Figure 8-19's:
 
 # %%
-from parlab.hybrid.parallel3d import CONFIG as tiny_gpt
-
-shape, micro, per_server = dict(dp=2, tp=2, pp=2), 2, 2
+shape, per_server = dict(dp=2, tp=2, pp=2), 2
 show(placement_figure(**shape, gpus_per_server=per_server))
-for name, degree in shape.items():
-    glue(f"job_{name}", degree)
-glue("job_ranks", math.prod(shape.values()))
-glue("job_blocks", tiny_gpt.n_layers)
-glue("job_d_model", tiny_gpt.d_model)
-glue("job_heads", tiny_gpt.n_heads)
-glue("job_stage_blocks", tiny_gpt.n_layers // shape["pp"])
-glue("job_micro", micro)
-_ = glue("job_per_server", per_server)
 
 # %% [markdown]
 # One SGD step on gloo, then the same on the toy backend. Both must equal one process
@@ -616,7 +571,7 @@ _ = glue("job_per_server", per_server)
 # %%
 from parlab.hybrid import run_3d
 
-job_setup = dict(shape, microbatches=micro, gpus_per_server=per_server)
+job_setup = dict(shape, microbatches=2, gpus_per_server=per_server)
 print(run_3d(**job_setup, backend="gloo").report())
 job = run_3d(**job_setup, backend="toy")
 print(job.report())
@@ -633,16 +588,18 @@ from parlab.viz.plots import traffic_3d_figure
 print(job.traffic_table())
 show(traffic_3d_figure(job))
 glue("gpt3_d_model", GPT3_175B.d_model, ",")
-_ = glue("best_stage_params_b", count_parameters(GPT3_175B)["total"] / best.pp / 1e9, ".0f")
+glue("best_stage_params_b", best.parameters_per_stage / 1e9, ".0f")
+_ = glue("best_gpu_params_b", best.parameters_per_gpu / 1e9, ".1f")
 
 # %% [markdown]
 # The tensor groups send the most *messages* (four all-reduces per block and micro-batch)
 # but only over NVLink. At GPT-3's size the proportions change (each activation is a whole
 # sequence of <span data-glue="gpt3_seq">2,048</span> tokens x
-# <span data-glue="gpt3_d_model">12,288</span> features, and each stage of the planner's
-# winner holds the gradients of about <span data-glue="best_stage_params_b">11</span> billion
-# parameters),
-# and weighing them is what the planner's time model does.
+# <span data-glue="gpt3_d_model">12,288</span> features; each stage of the planner's winner
+# holds about <span data-glue="best_stage_params_b">11</span> billion parameters, split over
+# its tensor ranks, so each GPU all-reduces the gradients of about
+# <span data-glue="best_gpu_params_b">1.4</span> billion with its copies in the other
+# replicas), and weighing them is what the planner's time model does.
 #
 # ## 5. Serving needs model parallelism too
 #
@@ -656,6 +613,7 @@ _ = glue("best_stage_params_b", count_parameters(GPT3_175B)["total"] / best.pp /
 
 # %%
 from parlab import memory
+from parlab.units import GB
 
 for batch in (1, 8, 32):
     serving = memory.serving_bytes("GPT-3 175B", batch=batch, seq=GPT3_175B.context)

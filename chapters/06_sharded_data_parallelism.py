@@ -201,7 +201,6 @@ check("06.2", ...)
 # beside the closed form:
 
 # %%
-from parlab.viz import glue
 from parlab.viz.plots import zero3_timeline_figure, zero_traffic_figure
 
 print(table[["run", "ranks", "sent per step", "closed form"]].to_string(index=False))
@@ -224,13 +223,11 @@ spec, timeline_ranks = sharded.ShardSpec(steps=1), 2
 one_step = sharded.train(3, timeline_ranks, spec, backend="toy").collectives()
 print(one_step.to_string(index=False))
 show(zero3_timeline_figure(one_step, len(spec.sizes) - 1))
-glue("timeline_ranks", timeline_ranks)
-forward = one_step[(one_step.phase == "forward") & (one_step.collective == "all_gather")]
-glue("forward_layers", ", ".join(str(layer) for layer in forward.layer))
+_ = glue("timeline_ranks", timeline_ranks)
 
 # %% [markdown]
-# The forward pass gathers layers <span data-glue="forward_layers">0, 1, 2</span> in order.
-# The backward pass starts from the last layer: gather, compute the gradients, reduce-scatter them, free the layer, and move
+# The forward pass gathers the layers in order, first to last. The backward pass starts from
+# the last layer: gather, compute the gradients, reduce-scatter them, free the layer, and move
 # on. At any moment only one layer is whole, which is why stage 3 can hold models far
 # larger than one GPU. The last layer is gathered twice in a row; frameworks keep the last
 # layer after forward to save that gather.
@@ -259,14 +256,18 @@ print(table[table.stage == 3][["run", "ranks", "max difference", "held", "sent p
 # grow. Left, the model states per GPU; right, the seconds per step spent sending (ring
 # collectives on a <span data-glue="scaling_gbps">400</span> Gb/s NIC) against the compute of
 # each GPU's share of a fixed global batch of
-# <span data-glue="global_tokens">4,194,304</span> tokens:
+# <span data-glue="global_sequences">2,048</span> sequences of
+# <span data-glue="global_seq_tokens">2,048</span> tokens (about
+# <span data-glue="global_tokens_m">4.2</span> M tokens):
 
 # %%
 from parlab.viz.plots import zero_scaling_figure
 
 gbps = 400
 glue("scaling_gbps", gbps)
-glue("global_tokens", sharded.GLOBAL_TOKENS, ",")
+glue("global_sequences", sharded.GLOBAL_BATCH[0], ",")
+glue("global_seq_tokens", sharded.GLOBAL_BATCH[1], ",")
+glue("global_tokens_m", sharded.GLOBAL_TOKENS / 1e6, ".1f")
 scaling = sharded.zero_scaling(7.5e9, gbps=gbps)
 print(scaling[scaling.gpus.isin([8, 64, 1024])].round(3).to_string(index=False))
 fine = sharded.zero_scaling(7.5e9, gpus=range(8, 2049, 8), gbps=gbps)
@@ -274,6 +275,8 @@ for stage, rows in fine.groupby("stage"):
     slower = rows[rows["comm s"] > rows["compute s"]].gpus
     print(f"stage {stage}: sending outlasts computing from {slower.min()} GPUs on")
 show(zero_scaling_figure(scaling, 7.5e9))
+sent_gb = scaling.pivot(index="gpus", columns="stage", values="GB sent per GPU")
+_ = glue("scaling_zero3_ratio", (sent_gb[3] / sent_gb[0]).max(), ".1f")
 
 # %% [markdown]
 # * Stages 1 and 2 level off: the parts they do not split (bf16 parameters, and for stage 1
@@ -281,7 +284,8 @@ show(zero_scaling_figure(scaling, 7.5e9))
 # * The bytes each GPU sends barely change with N (the factor `(N−1)/N` tends to `1`), but
 #   each GPU's share of the compute shrinks as `1/N`. From the GPU counts printed above on, a
 #   step spends more time sending than computing unless the two overlap; stage 3, sending
-#   <span data-glue="zero3_ratio">1.50</span> times as much, crosses over with fewer GPUs.
+#   <span data-glue="scaling_zero3_ratio">1.5</span> times as much per GPU, crosses over with
+#   fewer GPUs.
 #
 # **Exercise 06.3 (a small computation).** A 70 B model, bf16 with Adam, ZeRO stage 3, on
 # 80 GB GPUs: counting model states only, what is the fewest data-parallel GPUs on which it
@@ -307,8 +311,9 @@ check("06.4", ...)
 # %% [markdown]
 # Now measure it. `measure_recompute` runs one forward and backward pass of chapter 01's tiny
 # GPT (<span data-glue="tiny_blocks">2</span> blocks, <span data-glue="tiny_batch">4</span>
-# sequences of <span data-glue="tiny_tokens">16</span> tokens, fp32) twice: as it is, and with
-# every block wrapped in `torch.utils.checkpoint`. Bytes come from a tracker of every storage an op
+# sequences of <span data-glue="tiny_tokens">16</span> tokens, fp32) three times: as it is,
+# with every block wrapped in `torch.utils.checkpoint` (full), and with only each block's
+# attention core wrapped (selective, below). Bytes come from a tracker of every storage an op
 # creates and frees (autograd's saved-tensor hooks see nothing inside a checkpoint), FLOPs
 # from PyTorch's `FlopCounterMode`:
 
@@ -322,14 +327,12 @@ tokens, targets = (torch.randint(0, tiny.vocab, (b, t), generator=g) for _ in ra
 model = build_model(tiny, seed=0)
 runs = {r: measure_recompute(model, tokens, targets, recompute=r)
         for r in (None, "selective", "full")}
-gaps = []
 for r, m in runs.items():
-    held = m.activations + m.input_bytes + m.recomputed   # what the estimate counts
     predicted = estimate(tiny, (b, t), "sgd", recompute=r).activations
-    gaps.append(held - predicted)
     print(f"recompute={str(r):9s}: kept {m.activations:>7,} B + token ids {m.input_bytes:,} B "
-          f"+ one block rebuilt {m.recomputed:>7,} B = {held:>7,} B (estimate {predicted:>7,}"
-          f" B); peak {m.peak:>7,} B; FLOPs {m.flops:>10,}")
+          f"+ one block rebuilt {m.recomputed:>7,} B = {m.held:>7,} B; estimate "
+          f"{predicted:>7,} B (short by {m.held - predicted} B, the loss: {m.loss_bytes} B); "
+          f"peak {m.peak:>7,} B; FLOPs {m.flops:>10,}")
 same = all(torch.equal(runs[None].grads[k], runs[r].grads[k])
            for k in runs[None].grads for r in ("selective", "full"))
 d = tiny.d_model
@@ -338,31 +341,46 @@ print(f"gradients identical: {same}; full: FLOPs ratio {runs['full'].flops / run
       f"{runs['full'].flops - runs[None].flops == runs[None].layer_forward_flops}")
 print(f"selective: extra FLOPs {runs['selective'].flops - runs[None].flops:,} = "
       f"QK^T and PV again, 4·b·T²·d per block: {4 * b * t * t * d * tiny.n_layers:,}")
+none, selective = runs[None], runs["selective"]
+print(f"selective: kept {none.activations - selective.activations:,} B less, "
+      f"peak {none.peak - selective.peak:,} B lower")
 glue("tiny_blocks", tiny.n_layers)
 glue("tiny_batch", b)
 glue("tiny_tokens", t)
 glue("full_flops_ratio", runs["full"].flops / runs[None].flops, ".3f")
-glue("loss_scalar_bytes", max(gaps))
+glue("loss_bytes", runs[None].loss_bytes)
+glue("sel_dropped", none.activations - selective.activations, ",")
+glue("sel_rebuilt", selective.recomputed, ",")
+glue("sel_held_none", none.held, ",")
+glue("sel_held", selective.held, ",")
+glue("sel_peak_none", none.peak, ",")
+_ = glue("sel_peak", selective.peak, ",")
 
 # %% [markdown]
 # With full recomputation each block keeps only its input; during backward one block at a
 # time is rebuilt, so the peak falls by less than the kept activations do. The FLOPs grow by
 # exactly the blocks' forward work; the ratio, <span data-glue="full_flops_ratio">1.299</span>,
 # is a little under `4/3` because the output layer is not recomputed. Chapter 01's
-# calculator, given `recompute=`, predicts those bytes to within the
-# <span data-glue="loss_scalar_bytes">4</span>-byte loss scalar, which is alive but never
-# saved for backward.
+# calculator, given `recompute=`, predicts those bytes to within the loss, a
+# <span data-glue="loss_bytes">4</span>-byte scalar that is alive but never saved for
+# backward.
 #
 # *Selective* recomputation re-runs only each block's attention core, softmax(QK^T/√d)·V:
-# its extra FLOPs are exactly the two matrix products again. Here, at
-# <span data-glue="tiny_tokens">16</span> tokens, it saves little, because the probabilities
-# it drops (`b·h·T²` per block) are small next to the rest;
-# they grow with the square of the sequence. The checkpoint keeps the core's inputs Q, K
-# and V as the projections made them (as many bytes as the head copies the core no longer
-# keeps), and the core, rebuilt during the backward pass, holds its probabilities and mask
-# again plus fresh copies of the Q, K and V heads that its matrix products make. The
-# calculator counts exactly these, so its selective estimate also matches the measurement
-# to within the loss scalar.
+# its extra FLOPs are exactly the two matrix products again. The checkpoint keeps the core's
+# inputs Q, K and V as the projections made them (as many bytes as the head copies the core
+# no longer keeps), and the core, rebuilt during the backward pass, holds its probabilities
+# and mask again plus fresh copies of the Q, K and V heads that its matrix products make.
+# The calculator counts exactly these, so its selective estimate also matches the
+# measurement to within the loss. Here, at <span data-glue="tiny_tokens">16</span> tokens,
+# the probabilities it drops (`b·h·T²` per block) are small: the blocks keep
+# <span data-glue="sel_dropped">33,280</span> B less, but rebuilding one core makes
+# <span data-glue="sel_rebuilt">41,216</span> B, so the bytes the estimate counts (kept plus
+# one block rebuilt) *grow*, from <span data-glue="sel_held_none">340,104</span> to
+# <span data-glue="sel_held">348,040</span> B. Only the measured peak falls, from
+# <span data-glue="sel_peak_none">388,232</span> to <span data-glue="sel_peak">354,952</span>
+# B, by exactly what the blocks no longer keep: the peak comes early in the backward pass,
+# before any core is rebuilt. The probabilities grow with the square of the sequence, so at
+# longer sequences selective recomputation pays.
 #
 # At scale the effect is large. GPT-3 6.7B, one sequence of
 # <span data-glue="big_tokens">2,048</span> tokens, bf16: activations
@@ -403,15 +421,13 @@ for stage in range(4):
 # ## 10. Explore
 #
 # Any preset, any number of data-parallel GPUs, any stage, with or without recomputation:
-# bars for the four stages per GPU (model states and activations, one
-# <span data-glue="explorer_tokens">2,048</span>-token sequence per GPU), and what the chosen stage sends per step against the compute it has to hide
-# behind (recomputation included).
+# bars for the four stages per GPU (model states and activations, one sequence per GPU, of
+# the length printed above the bars), and what the chosen stage sends per step against the
+# compute it has to hide behind (recomputation included).
 
 # %%
 from parlab.viz.widgets import zero_explorer
-from parlab.viz.widgets.sharded import SEQ
 
-glue("explorer_tokens", SEQ, ",")
 zero_explorer()
 
 # %% [markdown]
@@ -420,8 +436,8 @@ zero_explorer()
 # **Exercise 06.5 (write code).** A ring all-reduce is a reduce-scatter followed by an
 # all-gather. Write `all_reduce_in_halves(t)` that sums a 1-D tensor `t` in place over all
 # ranks using only `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`. The
-# checker runs it on more than one number of ranks with the toy backend and compares both
-# the sum and the bytes on the wire with a ring all-reduce's.
+# checker runs it on two world sizes with the toy backend and compares both the sum and the
+# bytes on the wire with a ring all-reduce's.
 
 # %%
 import torch.distributed as dist

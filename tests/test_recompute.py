@@ -275,3 +275,20 @@ def test_selective_recompute_needs_an_attention_core():
     with pytest.raises(ValueError, match="attention core"):
         memory.measure_recompute(torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.ones(2, 4),
                                  recompute="selective")
+
+
+# --- what the result reports for chapter 06's prose -------------------------------------------
+
+@pytest.mark.parametrize("recompute", memory.RECOMPUTE)
+def test_the_result_names_the_loss_the_estimate_leaves_out(gpt_runs, recompute):
+    measured = gpt_runs[recompute]
+    assert measured.loss_bytes == LOSS                       # one fp32 scalar, by hand
+    assert measured.held == measured.activations + measured.input_bytes + measured.recomputed
+    estimated = memory.estimate(TINY, (B, T), "sgd", recompute=recompute).activations
+    assert measured.held - estimated == measured.loss_bytes
+
+
+def test_the_loss_bytes_are_its_storage_even_when_that_is_not_one_scalar():
+    layers = nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 3))
+    x, t = torch.randn(5, 8), torch.randn(5, 3)
+    assert memory.measure_recompute(layers, x, t).loss_bytes == _mse_loss_bytes(t, t)

@@ -89,6 +89,18 @@ class Layout:
         return bubble_fraction(self.pp, self.microbatches, self.assumptions.schedule)
 
     @property
+    def parameters_per_stage(self) -> float:
+        """The model's parameters over its pp pipeline stages, on average (the first and last
+        stages also hold the embeddings and the head)."""
+        return count_parameters(self.config)["total"] / self.pp
+
+    @property
+    def parameters_per_gpu(self) -> float:
+        """One stage's share on one of its tp GPUs, on average: the parameters whose gradients
+        each GPU all-reduces with its dp - 1 copies in other replicas every step."""
+        return self.parameters_per_stage / self.tp
+
+    @property
     def achieved_mfu(self) -> float:
         """Useful FLOPs per step over what the GPUs could do at peak in the step's time."""
         return (self.times["compute"] * self.assumptions.mfu * self.efficiency

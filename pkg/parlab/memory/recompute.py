@@ -17,10 +17,9 @@ This module is the one home of the recompute formulas (:func:`layer_activations`
 ``saved_tensors_hooks`` see nothing (the checkpoint packs the saved tensors with its own hooks
 and drops them), yet the layers' inputs stay alive, so only the storages themselves tell.
 
-Selective recompute checkpoints the attention core and nothing else: the softmax(QK^T /
-sqrt(d)) V of every head, :class:`parlab.models.GPT`'s ``Attention.core(q, k, v)``, or a
-:class:`parlab.models.Llama`'s ``LlamaAttention.core(q, k, v)`` (the key/value copies and
-scaled_dot_product_attention).
+Selective recompute checkpoints only the attention core, softmax(QK^T / sqrt(d)) V of every
+head: ``Attention.core(q, k, v)`` of :class:`parlab.models.GPT`, ``LlamaAttention.core`` of a
+:class:`parlab.models.Llama` (the key/value copies and scaled_dot_product_attention).
 """
 
 from __future__ import annotations
@@ -240,12 +239,11 @@ class RecomputeResult:
     """One forward and backward pass, measured (bytes: storages created inside the step).
 
     ``activations``: alive at the end of the forward pass (parameters and inputs excluded, the
-    loss included). ``recomputed``: the most bytes one layer's recomputation made and still
-    held at its end, i.e. its saved tensors, rebuilt during the backward pass (0 without
-    recompute). ``peak``: the most alive at once
-    during forward and backward, gradients included. ``input_bytes``: the input and target
-    storages (made before the step, so not in the others). FLOPs as
-    ``torch.utils.flop_counter.FlopCounterMode`` counts them (matrix products: 2 per
+    loss included: ``loss_bytes``, its storage). ``recomputed``: the most bytes one layer's
+    recomputation made and still held at its end, i.e. its saved tensors, rebuilt during the
+    backward pass (0 without recompute). ``peak``: the most alive at once during forward and
+    backward, gradients included. ``input_bytes``: the input and target storages (made before
+    the step, so not in the others). FLOPs as ``FlopCounterMode`` counts them (2 per
     multiply-add): ``forward_flops``, ``flops`` (forward + backward + recomputation) and
     ``layer_forward_flops`` (the forward work inside the layers: what full recompute repeats).
     ``grads``: parameter name -> gradient.
@@ -261,10 +259,17 @@ class RecomputeResult:
     layer_forward_flops: int
     loss: float
     grads: dict[str, torch.Tensor] = field(repr=False, compare=False, default_factory=dict)
+    loss_bytes: int = 0
 
     @property
     def backward_flops(self) -> int:
         return self.flops - self.forward_flops
+
+    @property
+    def held(self) -> int:
+        """Kept + inputs + one layer rebuilt; :func:`parlab.memory.estimate` counts the same,
+        less the loss (``loss_bytes``)."""
+        return self.activations + self.input_bytes + self.recomputed
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
@@ -301,8 +306,7 @@ def measure_recompute(model: nn.Module, example_input, target=None, *, recompute
     every module's outputs and so keeps a layer's recomputed tensors alive until the backward
     pass ends, which would inflate the peak. The model's gradients are left as they were; the
     new ones are in the result. ``"selective"`` checkpoints only each layer's attention core,
-    ``layer.attn.core(q, k, v)`` (our GPT's and Llama's), and counts the layers' FLOPs as
-    without.
+    ``layer.attn.core(q, k, v)`` (our GPT's and Llama's), and counts layer FLOPs as without.
     """
     check_recompute(recompute)
     layers, loss_fn = _layers(model), loss_fn or _default_loss
@@ -346,7 +350,7 @@ def measure_recompute(model: nn.Module, example_input, target=None, *, recompute
         flops = step(counter=counter)[2]
     return RecomputeResult(recompute, memory["at_forward"], memory["recomputed"], trace.peak,
                            sum(inputs.values()), flops["at_forward"], counter.get_total_flops(),
-                           flops["layer_flops"], loss.item(), grads)
+                           flops["layer_flops"], loss.item(), grads, _storage(loss).nbytes())
 
 
 _MISSING = object()

@@ -13,6 +13,7 @@ parameters by counting, activation sizes by forward hooks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,9 @@ class SmallCNN(nn.Module):
 class LayerProfile:
     """One layer, measured: its kind, parameters, FLOPs (forward + backward) and tensor sizes.
 
-    ``input_elems`` and ``output_elems`` are per sample (C x H x W, or features).
+    ``input_elems`` and ``output_elems`` are per sample (C x H x W, or features). For a
+    convolution, ``kernel_size`` is its (height, width) and ``input_hw`` the (H, W) of the
+    images it sees; both are None for a fully connected layer.
     """
 
     name: str
@@ -70,6 +73,8 @@ class LayerProfile:
     flops: int
     input_elems: int
     output_elems: int
+    kernel_size: tuple[int, int] | None = None
+    input_hw: tuple[int, int] | None = None
 
 
 def profile(model: nn.Module, input_shape: tuple[int, ...], batch: int = 8) -> list[LayerProfile]:
@@ -81,10 +86,10 @@ def profile(model: nn.Module, input_shape: tuple[int, ...], batch: int = 8) -> l
     layers = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
     if not layers:
         raise ValueError("the model has no Conv2d or Linear layer to profile")
-    sizes: dict[str, tuple[int, int]] = {}
+    shapes: dict[str, tuple] = {}  # name -> shapes of one sample's input and output
     hooks = [m.register_forward_hook(
-        lambda m, inputs, out, name=name: sizes.__setitem__(
-            name, (inputs[0][0].numel(), out[0].numel())))
+        lambda m, inputs, out, name=name: shapes.__setitem__(
+            name, (tuple(inputs[0].shape[1:]), tuple(out.shape[1:]))))
         for name, m in layers.items()]
     x = torch.randn(batch, *input_shape, generator=torch.Generator().manual_seed(0))
     try:
@@ -100,8 +105,12 @@ def profile(model: nn.Module, input_shape: tuple[int, ...], batch: int = 8) -> l
     for name, module in layers.items():
         flops = sum(counts.get(f"{prefix}.{name}", {}).values())
         params = sum(p.numel() for p in module.parameters())
-        kind = "conv" if isinstance(module, nn.Conv2d) else "fc"
-        profiles.append(LayerProfile(name, kind, params, int(flops), *sizes[name]))
+        seen, made = shapes[name]
+        conv = isinstance(module, nn.Conv2d)
+        profiles.append(LayerProfile(name, "conv" if conv else "fc", params, int(flops),
+                                     math.prod(seen), math.prod(made),
+                                     tuple(module.kernel_size) if conv else None,
+                                     seen[-2:] if conv else None))
     return profiles
 
 

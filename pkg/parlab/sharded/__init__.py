@@ -18,10 +18,12 @@ from parlab.sharded.runs import (
 )
 from parlab.sharded.fsdp import fsdp_rank, train_fsdp
 from parlab.sharded.experiments import stage_table, STATE_PARTS
-from parlab.sharded.scaling import GLOBAL_TOKENS, ZERO_COLLECTIVES, zero_bytes_per_rank, zero_scaling
+from parlab.sharded.scaling import (
+    GLOBAL_BATCH, GLOBAL_TOKENS, ZERO_COLLECTIVES, zero_bytes_per_rank, zero_scaling
+)
 
 __all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "parameter_layers", "Zero",
            "check_stage", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
            "make_model", "make_batch", "local_batch", "layer_values", "train", "train_rank",
            "reference", "train_fsdp", "fsdp_rank", "ZERO_COLLECTIVES", "zero_bytes_per_rank",
-           "zero_scaling", "GLOBAL_TOKENS", "stage_table", "STATE_PARTS"]
+           "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "stage_table", "STATE_PARTS"]

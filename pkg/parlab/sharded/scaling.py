@@ -26,14 +26,17 @@ from parlab.memory import model_state_bytes
 from parlab.models import compute_seconds
 from parlab.sharded.zero import check_stage
 
-__all__ = ["ZERO_COLLECTIVES", "zero_bytes_per_rank", "zero_scaling", "GLOBAL_TOKENS"]
+__all__ = ["ZERO_COLLECTIVES", "zero_bytes_per_rank", "zero_scaling", "GLOBAL_BATCH",
+           "GLOBAL_TOKENS"]
 
 #: The collectives of one step per stage, each over the whole parameter payload.
 ZERO_COLLECTIVES = {0: ("all_reduce",), 1: ("reduce_scatter", "all_gather"),
                     2: ("reduce_scatter", "all_gather"),
                     3: ("all_gather", "all_gather", "reduce_scatter")}
-#: Tokens in one global batch for :func:`zero_scaling` (about 4 M, a common LLM batch).
-GLOBAL_TOKENS = 2048 * 2048
+#: One global batch for :func:`zero_scaling`: (sequences, tokens per sequence).
+GLOBAL_BATCH = (2048, 2048)
+#: Its tokens (about 4 M, a common LLM batch).
+GLOBAL_TOKENS = GLOBAL_BATCH[0] * GLOBAL_BATCH[1]
 
 
 def zero_bytes_per_rank(parameter_bytes: float, n: int, stage: int) -> float:
