@@ -213,7 +213,7 @@ print(f"vectors looked up for one sequence of {gpt3.context} tokens: "
 # splits these matrices.
 
 # %%
-from parlab.viz.plots.transformer import qkv_example
+from parlab.viz.plots import qkv_example
 
 show(local_qkv_figure())
 n_tokens, width = qkv_example()["X"].shape

@@ -203,8 +203,9 @@ def _check_engine(engine, fail_at=None, lose_at=None) -> None:
 
 
 def _ddp(model, spec):
-    cap_mb = 25 if spec.bucket_cap_bytes is None else spec.bucket_cap_bytes / 2**20
-    return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+    if spec.bucket_cap_bytes is None:  # DDP's own defaults, 1 MiB first bucket included
+        return nn.parallel.DistributedDataParallel(model)
+    return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_cap_bytes / 2**20)
 
 
 def _ddp_step(ddp, optimizer, micro, samples, world):

@@ -14,7 +14,7 @@ from parlab.viz.plots.pipeline import (
     comparison_figure, gantt_figure, step_caption, step_figure, sync_figure
 )
 from parlab.viz.plots.timeline import draw_trace, trace_figure
-from parlab.viz.plots.transformer import local_qkv_figure, transformer_figure
+from parlab.viz.plots.transformer import local_qkv_figure, qkv_example, transformer_figure
 from parlab.viz.plots.tensor_parallel import (
     attention_bytes_figure, book_attention_figure, ffn_figure, format_bytes, memory_figure,
     qkv_sharding_figure, strategy_figure
@@ -28,7 +28,7 @@ from parlab.viz.plots.sharded import (
 __all__ = ["show_collective", "figure_8_1_step", "figure_8_1", "memory_bars", "memory_split",
            "checkpoint_curve", "model_sizes_figure", "gpt3_split_figure", "figure_8_2",
            "loss_curves", "traffic_figure", "scaling_figure", "step_figure", "gantt_figure",
-           "comparison_figure", "sync_figure", "step_caption", "transformer_figure",
+           "comparison_figure", "sync_figure", "step_caption", "transformer_figure", "qkv_example",
            "local_qkv_figure", "qkv_sharding_figure", "book_attention_figure", "ffn_figure",
            "attention_bytes_figure", "strategy_figure", "memory_figure", "format_bytes",
            "layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure", "steps_figure",
