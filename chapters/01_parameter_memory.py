@@ -318,16 +318,14 @@ print(plan.breakdown.table())
 # assumption at a time:
 
 # %%
-from parlab.hybrid import copy_sizes
+from parlab.hybrid import copy_sizes, copy_table
 
 cluster = 1024  # GPUs, as in chapter 05
 sizes = copy_sizes("GPT-3 175B", small_batch=8, global_batch=1536, gpus=cluster)
-print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
-for row in sizes:
-    print(row.row())
+print(copy_table(sizes))
 glue("copy_few", sizes[0].gpus)
 glue("copy_few_batch", sizes[0].micro_batch)
-glue("copy_step_batch", sizes[1].microbatches * sizes[1].micro_batch, ",")
+glue("copy_step_batch", sizes[1].sequences, ",")
 glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
 glue("copy_cluster", cluster, ",")
 glue("copy_planner", sizes[4].gpus)

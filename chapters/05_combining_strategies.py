@@ -256,16 +256,14 @@ for r in found.rejected:
 # `copy_sizes` changes one assumption at a time:
 
 # %%
-from parlab.hybrid import copy_sizes
+from parlab.hybrid import copy_sizes, copy_table
 
 sizes = copy_sizes("GPT-3 175B", global_batch=Assumptions().global_batch, gpus=n_gpus,
                    gpu_memory_gb=gpu_gb)
-print(f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}{'bubble':>7}")
-for row in sizes:
-    print(row.row())
+print(copy_table(sizes))
 glue("copy_few", sizes[0].gpus)
 glue("copy_few_batch", sizes[0].micro_batch)
-glue("copy_step_batch", sizes[1].microbatches * sizes[1].micro_batch, ",")
+glue("copy_step_batch", sizes[1].sequences, ",")
 glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 glue("copy_recompute", sizes[3].gpus)

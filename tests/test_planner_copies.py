@@ -19,3 +19,11 @@ def test_both_counts_hold_under_their_own_assumptions():
     assert recomputed.gpus < fewest.gpus and recomputed.memory.fits
     assert planner.memory.fits and 1024 % planner.gpus == 0 and 96 % planner.pp == 0
     assert all(r.label in r.row() for r in (few, same, fewest, recomputed, planner))
+
+
+def test_copy_table_has_one_header_and_a_row_per_size():
+    from parlab.hybrid import copy_table
+    rows = copy_sizes("GPT-3 175B")
+    lines = copy_table(rows).splitlines()
+    assert lines[0].split()[:2] == ["job", "GPUs"] and lines[1:] == [r.row() for r in rows]
+    assert rows[1].sequences == 1536 and rows[0].sequences == 8  # GPT-3's step; chapter 01's 8

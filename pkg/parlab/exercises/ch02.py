@@ -11,20 +11,11 @@ import: a reader opens it by choice.
 
 from __future__ import annotations
 
-import math
-
-from parlab.exercises.registry import close, exercise, right, wrong
+from parlab.exercises.registry import close, exercise, number, right, wrong
 
 #: 02.1: the bucket cap; 02.2: the ring's size; 02.3: the layer (the model's second weight
 #: matrix, index 2 among weight, bias, weight, ...) and the batch it is asked about.
 _CAP, _RING_GPUS, _LAYER_TENSOR, _BATCH = 200, 4, 2, 64
-
-
-def _number(answer) -> float:
-    value = float(answer)
-    if not math.isfinite(value):
-        raise ValueError(f"{answer!r} is not a finite number")
-    return value
 
 
 def _parameters() -> list:
@@ -71,7 +62,7 @@ def _layer_bytes() -> int:
                   f"does: from the last tensor back, each tensor whole, and a bucket closes as "
                   f"soon as it holds the cap or more. How many all-reduce calls does a step make?")
 def _buckets(answer):
-    params, value, expected = _parameters(), _number(answer), _bucket_count()
+    params, value, expected = _parameters(), number(answer), _bucket_count()
     if value == expected:
         return right("Whole tensors, last first: each one joins the open bucket, and the bucket "
                      "closes once it reaches the cap, so a bucket can end up over it. Fewer "
@@ -99,7 +90,7 @@ def _buckets(answer):
                   f"ring all-reduce on {_RING_GPUS} GPUs. How many bytes does one GPU send per "
                   f"step, on average over the {_RING_GPUS}?")
 def _ring_bytes(answer):
-    value, expected = _number(answer), _ring_mean_bytes()
+    value, expected = number(answer), _ring_mean_bytes()
     n, size = _RING_GPUS, sum(map(_nbytes, _parameters()))
     if close(value, expected):
         return right("Two passes around the ring, a reduce-scatter and an all-gather, each "
@@ -134,7 +125,7 @@ def _ring_bytes(answer):
                   f"the second layer's weight matrix (6 inputs, 6 outputs, fp32), how many bytes "
                   f"does rank 0 send per step with a batch of {_BATCH} samples?")
 def _layer_traffic(answer):
-    value, expected = _number(answer), _layer_bytes()
+    value, expected = number(answer), _layer_bytes()
     weight = _parameters()[_LAYER_TENSOR]
     c_out, c_in = weight.shape
     if value == expected:

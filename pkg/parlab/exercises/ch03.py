@@ -9,9 +9,7 @@ import: a reader opens it by choice.
 
 from __future__ import annotations
 
-import math
-
-from parlab.exercises.registry import exercise, right, wrong
+from parlab.exercises.registry import exercise, number, right, wrong
 
 #: 03.1: GPipe on p stages with m micro-batches: twice section 4's m, so its printed run
 #: (m = p) is a hint, not the answer.
@@ -37,19 +35,12 @@ def _first_error_step(p: int) -> int:
     return next(r.step for r in sim.records for rank, a in r.compute if rank == 0 and a.kind == "B")
 
 
-def _number(answer) -> float:
-    value = float(answer)
-    if not math.isfinite(value):
-        raise ValueError(f"{answer!r} is not a finite number")
-    return value
-
-
 @exercise("03.1", f"GPipe on p={_BUBBLE_P} stages with m={_BUBBLE_M} micro-batches: what "
                   "fraction of all (GPU, time step) slots is idle? Answer as a number "
                   "between 0 and 1.")
 def _gpipe_bubble(answer):
     sim = _sim("gpipe", _BUBBLE_P, _BUBBLE_M)
-    value = _number(answer)
+    value = number(answer)
     if abs(value - sim.bubble_fraction) < 5e-3:
         return right("The schedule takes 2(m+p-1) steps and every GPU is busy in 2m of "
                      "them, so every row of the Gantt chart has 2(p-1) empty cells, whatever "
@@ -77,7 +68,7 @@ def _gpipe_bubble(answer):
                   "time?")
 def _one_f_one_b_memory(answer):
     sim = _sim("1f1b", _MEMORY_P, _MEMORY_M)
-    value = _number(answer)
+    value = number(answer)
     if value == sim.peak_inflight[0]:
         return right("A1 runs only the forwards needed to fill the pipeline, then waits for "
                      "its first error; from then on it alternates one backward (freeing a "
@@ -105,7 +96,7 @@ def _one_f_one_b_memory(answer):
 def _interleaved_messages(answer):
     sim = _sim("interleaved", _CHUNKS_P, _CHUNKS_M, _CHUNKS_V)
     plain = _sim("1f1b", _CHUNKS_P, _CHUNKS_M)
-    value, expected = _number(answer), len(sim.transfers)
+    value, expected = number(answer), len(sim.transfers)
     if value == expected:
         return right("Every boundary between two chunks is a boundary between two GPUs "
                      "(chunk k lives on GPU k mod p), so each micro-batch crosses p·v - 1 of "

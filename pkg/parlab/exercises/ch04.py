@@ -11,22 +11,13 @@ not import: a reader opens it by choice.
 
 from __future__ import annotations
 
-import math
-
-from parlab.exercises.registry import exercise, right, wrong
+from parlab.exercises.registry import exercise, number, right, wrong
 
 _TP = 8
 #: The sizes of the chapter's small runs: batch 2 x 4 tokens x d_model 8, fp32, 2 GPUs.
 _BATCH, _SEQ, _D_MODEL, _D_FF, _GPUS, _FP32 = 2, 4, 8, 32, 2, 4
 #: Exercise 04.5's layer (a size the notebook never runs).
 _C_IN, _C_OUT = 64, 96
-
-
-def _number(answer) -> float:
-    value = float(answer)
-    if not math.isfinite(value):
-        raise ValueError(f"{answer!r} is not a finite number")
-    return value
 
 
 def _attention_weights_per_gpu() -> int:
@@ -73,7 +64,7 @@ def _largest_reduce_output_batch() -> int:
 def _attention_share(answer):
     from parlab.models import GPT3_175B
     d, expected = GPT3_175B.d_model, _attention_weights_per_gpu()
-    value = _number(answer)
+    value = number(answer)
     if value == expected:
         return right("Each of the four d x d matrices is cut into 8 equal pieces (by heads for "
                      "W_Q, W_K, W_V, by input features for W_O), so a GPU holds an eighth.")
@@ -88,7 +79,7 @@ def _attention_share(answer):
 @exercise("04.2", "The Megatron MLP (d_model 8, d_ff 32) on 2 GPUs, batch 2 x 4 tokens in fp32: "
                   "how many bytes does its forward pass put on the wire, both GPUs together?")
 def _mlp_forward(answer):
-    value, expected = _number(answer), _mlp_forward_wire_bytes()
+    value, expected = number(answer), _mlp_forward_wire_bytes()
     x_bytes = _BATCH * _SEQ * _D_MODEL * _FP32
     hidden = _BATCH * _SEQ * _D_FF * _FP32
     if value == expected:
@@ -111,7 +102,7 @@ def _mlp_forward(answer):
                   "together?")
 def _book_forward(answer):
     from parlab.comm import ring_wire_bytes
-    value, expected = _number(answer), _book_forward_wire_bytes()
+    value, expected = number(answer), _book_forward_wire_bytes()
     s = _BATCH * _SEQ * _D_MODEL * _FP32
     if value == expected:
         return right("The broadcast sends X once, each all-gather sends each GPU's half to the "
@@ -133,7 +124,7 @@ def _book_forward(answer):
                   "context vectors in fp32 (4 bytes) in 2 micro-batches: how many bytes cross "
                   "the rail switches in the forward pass?")
 def _rail_bytes(answer):
-    links, value = _ffn_forward_bytes(), _number(answer)
+    links, value = _ffn_forward_bytes(), number(answer)
     if value == links["rail"]:
         return right("Only the hand-offs between stages cross a rail: each stage's whole output, "
                      "sent once per rail. The all-gathers stay on NVLink inside each server, "
@@ -154,7 +145,7 @@ def _rail_bytes(answer):
                   "ring collectives), what is the largest batch B for which reduce-output "
                   "moves no more bytes than data parallelism?")
 def _break_even(answer):
-    value, expected = _number(answer), _largest_reduce_output_batch()
+    value, expected = number(answer), _largest_reduce_output_batch()
     if value != int(value) or value < 1:
         return wrong("Give a whole, positive batch size.")
     if value == expected:

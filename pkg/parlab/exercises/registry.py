@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["check", "exercise", "Verdict", "right", "wrong", "close", "list_exercises",
-           "Solution"]
+__all__ = ["check", "exercise", "Verdict", "right", "wrong", "close", "number",
+           "list_exercises", "Solution"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,14 @@ class _Exercise:
 
 
 _REGISTRY: dict[str, _Exercise] = {}
+
+
+def number(answer) -> float:
+    """``answer`` as a float; a ValueError naming it unless it is a finite number."""
+    value = float(answer)
+    if not math.isfinite(value):
+        raise ValueError(f"{answer!r} is not a finite number")
+    return value
 
 
 def close(answer, expected: float, rel: float = 0.01) -> bool:

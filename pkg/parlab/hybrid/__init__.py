@@ -21,10 +21,10 @@ from parlab.hybrid.cnn import (
 )
 from parlab.hybrid.cnn_step import hybrid_step
 from parlab.hybrid.summary import summary_table, summary_text, SummaryRow
-from parlab.hybrid.copies import copy_sizes, CopySize
+from parlab.hybrid.copies import copy_sizes, copy_table, CopySize
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
            "Run3D", "run_3d", "crossover_batch", "assignment_bytes", "HybridTraffic",
            "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "SummaryRow", "summary_table",
-           "summary_text", "copy_sizes", "CopySize"]
+           "summary_text", "copy_sizes", "copy_table", "CopySize"]

@@ -28,7 +28,7 @@ from parlab.hybrid.assumptions import bubble_fraction
 from parlab.hybrid.planner import plan
 from parlab.models import get_config
 
-__all__ = ["CopySize", "copy_sizes"]
+__all__ = ["CopySize", "copy_sizes", "copy_table"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ class CopySize:
     def gpus(self) -> int:
         """GPUs per model copy."""
         return self.tp * self.pp
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per step: micro-batches x sequences per micro-batch."""
+        return self.microbatches * self.micro_batch
 
     @property
     def bubble(self) -> float:
@@ -80,3 +85,10 @@ def copy_sizes(model="GPT-3 175B", small_batch: int = 8, global_batch: int = 153
         rows.append(CopySize(f"chapter 05's planner, {gpus:,} GPUs: narrowest copy", narrow.tp,
                              narrow.pp, narrow.microbatches, narrow.micro_batch, narrow.memory))
     return rows
+
+
+def copy_table(rows: list[CopySize]) -> str:
+    """The rows of :func:`copy_sizes` under one header, as chapters 01 and 05 print them."""
+    header = (f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}"
+              f"{'bubble':>7}")
+    return "\n".join([header] + [row.row() for row in rows])
