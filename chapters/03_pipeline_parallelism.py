@@ -586,7 +586,7 @@ compare_explorer(stages=4, microbatches=8, chunks=2)
 #   sends the result back (a reduce, then a broadcast).
 
 # %%
-from parlab.pipeline import pipeline_data_parallel
+from parlab.hybrid import pipeline_data_parallel
 
 hybrid = pipeline_data_parallel(schedule("book", stages=4, microbatches=2), replicas=2)
 print(hybrid.report())
@@ -595,7 +595,7 @@ print()
 print(hybrid.sync_table())
 
 # %%
-from parlab.pipeline import SYNC_FORMAT
+from parlab.hybrid import SYNC_FORMAT
 
 first = hybrid.sync_pairs()[0]  # hidden layer 1, on A1 and C1
 glue("hyb_replicas", hybrid.replicas)

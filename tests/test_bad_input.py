@@ -13,7 +13,7 @@ import torch
 
 from parlab.hybrid import bubble_fraction, cluster, evaluate, place, plan, table
 from parlab.pipeline import Network, compare, execute, from_order, schedule, torch_pipelining
-from parlab.pipeline import pipeline_data_parallel
+from parlab.hybrid import pipeline_data_parallel
 from parlab.tensor_parallel import (
     SelfAttention, VocabParallelEmbedding, balanced_ranges, check_degree, counting, divisors,
     even_ranges, ffn_bytes, layout, merge, run_attention, run_embedding, run_ffn,

@@ -42,21 +42,48 @@ def test_bad_meshes_are_clear_errors():
         Mesh().group_ranks("expert")
 
 
-def _my_groups(dp, pp, tp):
-    groups = Mesh(dp=dp, pp=pp, tp=tp).new_groups(label=lambda kind, first: f"{kind} {first.stage}")
-    dist.all_reduce(torch.ones(1), group=groups["tensor"])  # a real collective on each group
-    return {kind: dist.get_process_group_ranks(g) for kind, g in groups.items()}
+@pytest.mark.parametrize("dp,pp,cp,tp", [(2, 1, 2, 2), (1, 2, 3, 1), (2, 2, 2, 1)])
+def test_context_dimension_sits_between_stage_and_tensor(dp, pp, cp, tp):
+    mesh, grid = Mesh(dp=dp, pp=pp, tp=tp, cp=cp), torch.arange(dp * pp * cp * tp).view(
+        dp, pp, cp, tp)
+    for d, k, c, t in itertools.product(range(dp), range(pp), range(cp), range(tp)):
+        rank = int(grid[d, k, c, t])
+        assert mesh.rank_at(d, k, t, c) == rank
+        assert tuple(mesh.coordinates(rank)) == (d, k, t) and mesh.context_of(rank) == c
+    axis = {"data": 0, "pipeline": 1, "context": 2, "tensor": 3}
+    for kind, a in axis.items():
+        lines = grid.movedim(a, -1).reshape(-1, grid.shape[a]).tolist()
+        assert sorted(mesh.group_ranks(kind)) == sorted(lines), kind
 
 
-def test_new_groups_on_real_ranks_hold_this_ranks_line_of_the_grid():
-    dp, pp, tp = 2, 1, 2
-    results = run(_my_groups, 4, dp, pp, tp, backend="toy")
+def _my_groups(dp, pp, tp, label):
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
-    for rank, groups in enumerate(results):
+    device_mesh = mesh.build(label=(lambda kind, first: f"{kind} {first.stage}") if label
+                             else None)
+    groups = mesh.groups(device_mesh)
+    for kind in ("tensor", "data"):  # a real collective on two kinds of group
+        dist.all_reduce(torch.ones(1), group=groups[kind])
+    return ({kind: dist.get_process_group_ranks(g) for kind, g in groups.items()},
+            device_mesh.mesh_dim_names, device_mesh["tp"].size(), device_mesh.get_coordinate())
+
+
+@pytest.mark.parametrize("backend", ["toy", "gloo"])
+def test_build_makes_a_device_mesh_whose_groups_are_this_ranks_lines(backend):
+    dp, pp, tp = 2, 1, 2
+    results = run(_my_groups, 4, dp, pp, tp, backend == "toy", backend=backend)
+    mesh = Mesh(dp=dp, pp=pp, tp=tp)
+    for rank, (groups, names, tp_size, where) in enumerate(results):
+        assert names == ("dp", "pp", "cp", "tp") and tp_size == tp
+        d, k, t = mesh.coordinates(rank)
+        assert list(where) == [d, k, 0, t]
         for kind, members in groups.items():
             assert rank in members and members in mesh.group_ranks(kind)
+    if backend == "toy":  # each group's messages carry its label in the traffic log
+        from parlab.comm import TrafficLog
+        log = results.traffic if hasattr(results, "traffic") else TrafficLog.from_last_run()
+        assert {r.group for r in log.filter(op="all_reduce").records} == {"tensor 0", "data 0"}
 
 
-def test_new_groups_refuses_a_world_of_another_size():
+def test_build_refuses_a_world_of_another_size():
     with pytest.raises(Exception, match="needs 8 ranks, the world has 2"):
-        run(lambda: Mesh(dp=2, pp=2, tp=2).new_groups(), 2, backend="gloo")
+        run(lambda: Mesh(dp=2, pp=2, tp=2).build(), 2, backend="gloo")

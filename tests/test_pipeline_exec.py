@@ -5,7 +5,8 @@ import re
 import pytest
 import torch
 
-from parlab.pipeline import execute, pipeline_data_parallel, reference, schedule, torch_pipelining
+from parlab.hybrid import pipeline_data_parallel
+from parlab.pipeline import execute, reference, schedule, torch_pipelining
 from parlab.pipeline import Network, simulate
 from parlab.pipeline import our_action_order
 
@@ -157,7 +158,7 @@ def test_sync_figure_draws_eight_gpus_and_four_averages_that_follow(hybrid):
 
 def test_hybrid_names_follow_the_books_letters():
     """Two GPUs per server, as in the single pipeline; each replica starts on a new server."""
-    from parlab.pipeline.hybrid import hybrid_name
+    from parlab.hybrid import hybrid_name
     assert [hybrid_name(r, s, 4) for r in range(2) for s in range(4)] == BOOK_NAMES
     assert [hybrid_name(r, s, 2) for r in range(3) for s in range(2)] == [
         "A1", "A2", "B1", "B2", "C1", "C2"]

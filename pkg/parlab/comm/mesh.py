@@ -1,23 +1,28 @@
-"""The rank grid of a hybrid job: which rank is which replica, stage and tensor shard, and its groups.
+"""The rank grid of a hybrid job, as a PyTorch ``DeviceMesh`` with named dimensions.
 
 Every hybrid run in the companion (pipeline + data, tensor + pipeline, the 3D job, the CNN's
-data + tensor step) lays its ranks out the same way, so one class does it, for all of them:
+data + tensor step) lays its ranks out the same way, so one class describes it:
 
-    rank = (replica x pp + stage) x tp + tensor
+    rank = ((replica x pp + stage) x cp + context) x tp + tensor
 
 Tensor-parallel neighbours are consecutive ranks (they sit in one server and talk over
-NVLink), then come the pipeline stages of one replica, then the replicas. This is
-Megatron-LM's order, and the one picotron's process-group manager builds; unlike theirs,
-a :class:`Mesh` is a plain value that a function receives, not a global that a process
-holds.
+NVLink), then the context-parallel ranks of one stage, then the pipeline stages of one
+replica, then the replicas. This is Megatron-LM's order, and the one torchtitan's
+``ParallelDims`` builds with ``init_device_mesh(..., ("pp", "dp", "cp", "tp"))`` up to the
+place of ``pp``; unlike picotron's process-group manager, a :class:`Mesh` is a plain value
+that a function receives, not a global that a process holds.
 
-``Mesh.new_groups()`` creates the process groups on every rank, in the same order on every
-rank (``dist.new_group`` is collective), and returns this rank's group of each kind. The
-kinds are:
+A :class:`Mesh` is only arithmetic (no process group), so the planner and the figures use
+it without ranks. Inside a job, :meth:`Mesh.build` makes the PyTorch
+:class:`~torch.distributed.device_mesh.DeviceMesh` (dimensions ``dp``, ``pp``, ``cp``,
+``tp``), the object DTensor, FSDP2 and ``parallelize_module`` take; each dimension's
+sub-mesh holds that dimension's process group. On the toy backend each dimension's
+groups carry a label in the traffic log (``data``, ``pipeline``, ``context``, ``tensor``),
+given as per-dimension backend options (``backend_override``).
 
-- ``tensor``: the tp ranks of one stage of one replica (they share a layer's shards);
-- ``pipeline``: the pp stages of one replica and tensor index (they pass activations on);
-- ``data``: the dp copies of one (stage, tensor index) (they average its gradients).
+Expert parallelism is not a factor of the world size: as in Megatron and torchtitan, its
+``ep`` group is carved out of ``dp`` x ``cp`` (the ranks that hold the same dense layers)
+when a chapter needs it.
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ from typing import Callable, NamedTuple
 
 import torch.distributed as dist
 
-__all__ = ["Mesh", "Coordinates", "GROUP_KINDS"]
+__all__ = ["Mesh", "Coordinates", "GROUP_KINDS", "MESH_DIMS"]
 
-#: The kinds of process group of a 3D layout, in the order :meth:`Mesh.new_groups` makes them.
+#: The mesh dimensions, outermost first, and the kind of group each one's sub-meshes hold.
+MESH_DIMS = {"dp": "data", "pp": "pipeline", "cp": "context", "tp": "tensor"}
+#: The kinds of process group of a 3D layout (the ``cp`` dimension is 1 unless asked for).
 GROUP_KINDS = ("tensor", "pipeline", "data")
+_KIND_DIM = {kind: dim for dim, kind in MESH_DIMS.items()}
 
 
 class Coordinates(NamedTuple):
@@ -41,72 +49,113 @@ class Coordinates(NamedTuple):
     tensor: int
 
 
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Mesh:
-    """A dp x pp x tp grid of ranks, tensor index fastest (see the module docstring)."""
+    """A dp x pp x cp x tp grid of ranks, tensor index fastest (see the module docstring)."""
 
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    cp: int = 1
 
     def __post_init__(self):
-        for name in ("dp", "pp", "tp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in MESH_DIMS:
+            _positive(name, getattr(self, name))
 
     @property
     def size(self) -> int:
-        """How many ranks the grid holds: dp x pp x tp."""
-        return self.dp * self.pp * self.tp
+        """How many ranks the grid holds: dp x pp x cp x tp."""
+        return self.dp * self.pp * self.cp * self.tp
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The degrees in :data:`MESH_DIMS` order: (dp, pp, cp, tp)."""
+        return tuple(getattr(self, name) for name in MESH_DIMS)
+
+    def _describe(self) -> str:
+        return " x ".join(f"{name}={getattr(self, name)}" for name in MESH_DIMS
+                          if name != "cp" or self.cp > 1)
 
     def coordinates(self, rank: int) -> Coordinates:
-        """(replica, stage, tensor index) of ``rank``."""
+        """(replica, stage, tensor index) of ``rank`` (its context index: :meth:`context_of`)."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
-            raise ValueError(f"rank must be in 0..{self.size - 1} for dp={self.dp} x "
-                             f"tp={self.tp} x pp={self.pp}, got {rank!r}")
+            raise ValueError(f"rank must be in 0..{self.size - 1} for {self._describe()}, "
+                             f"got {rank!r}")
         rest, tensor = divmod(rank, self.tp)
-        replica, stage = divmod(rest, self.pp)
+        replica, stage = divmod(rest // self.cp, self.pp)
         return Coordinates(replica, stage, tensor)
 
-    def rank_at(self, replica: int, stage: int, tensor: int = 0) -> int:
-        """The rank at (replica, stage, tensor index): the inverse of :meth:`coordinates`."""
+    def context_of(self, rank: int) -> int:
+        """The context-parallel index of ``rank`` (0 when cp = 1)."""
+        self.coordinates(rank)
+        return rank // self.tp % self.cp
+
+    def rank_at(self, replica: int, stage: int, tensor: int = 0, context: int = 0) -> int:
+        """The rank at (replica, stage, tensor index, context index): the inverse of
+        :meth:`coordinates` and :meth:`context_of`."""
         for name, value, limit in (("replica", replica, self.dp), ("stage", stage, self.pp),
-                                   ("tensor", tensor, self.tp)):
-            if not 0 <= value < limit:
+                                   ("tensor", tensor, self.tp), ("context", context, self.cp)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
                 raise ValueError(f"{name} must be in 0..{limit - 1}, got {value!r}")
-        return (replica * self.pp + stage) * self.tp + tensor
+        return ((replica * self.pp + stage) * self.cp + context) * self.tp + tensor
 
     def group_ranks(self, kind: str) -> list[list[int]]:
-        """Every process group of one kind, as lists of ranks (each rank is in one of each)."""
-        at = self.rank_at
-        if kind == "tensor":
-            return [[at(d, k, t) for t in range(self.tp)] for d in range(self.dp)
-                    for k in range(self.pp)]
-        if kind == "pipeline":
-            return [[at(d, k, t) for k in range(self.pp)] for d in range(self.dp)
-                    for t in range(self.tp)]
-        if kind == "data":
-            return [[at(d, k, t) for d in range(self.dp)] for k in range(self.pp)
-                    for t in range(self.tp)]
-        raise ValueError(f"unknown group kind {kind!r}; choose one of {list(GROUP_KINDS)}")
+        """Every process group of one kind, as lists of ranks (each rank is in one of each):
+        the lines of the grid along that kind's dimension, in the order DeviceMesh makes them."""
+        if kind not in _KIND_DIM:
+            raise ValueError(f"unknown group kind {kind!r}; choose one of {list(_KIND_DIM)}")
+        axis = list(MESH_DIMS).index(_KIND_DIM[kind])
+        shape = self.shape
+        others = [i for i in range(len(shape)) if i != axis]
+        lines = []
+        for flat in range(self.size // shape[axis]):
+            index, rest = {}, flat
+            for i in reversed(others):
+                rest, index[i] = divmod(rest, shape[i])
+            line = []
+            for k in range(shape[axis]):
+                index[axis] = k
+                rank = 0
+                for i, n in enumerate(shape):
+                    rank = rank * n + index[i]
+                line.append(rank)
+            lines.append(line)
+        return lines
 
-    def new_groups(self, kinds=GROUP_KINDS,
-                   label: Callable[[str, Coordinates], str] | None = None) -> dict:
-        """Create the groups of ``kinds`` on every rank; return this rank's, by kind.
+    def build(self, device_type: str = "cpu",
+              label: Callable[[str, Coordinates], str] | None = None):
+        """This job's :class:`~torch.distributed.device_mesh.DeviceMesh`, dimensions
+        ``("dp", "pp", "cp", "tp")``; ``device_mesh["tp"].get_group()`` is this rank's
+        tensor group, and so on.
 
-        Call it on every rank of a world of :attr:`size` ranks. ``label(kind, first)`` names
-        a group in the toy backend's traffic log (``first``: the coordinates of its first
-        rank); the default label is the kind.
+        Call it on every rank of a world of :attr:`size` ranks (creating groups is
+        collective). On the toy backend each dimension's groups are labelled with its kind
+        (:data:`MESH_DIMS`) in the traffic log; ``label(kind, first)`` names each group
+        instead (``first``: the coordinates of its first rank).
         """
+        from torch.distributed.device_mesh import init_device_mesh
         if dist.get_world_size() != self.size:
-            raise ValueError(f"a dp={self.dp} x pp={self.pp} x tp={self.tp} mesh needs "
-                             f"{self.size} ranks, the world has {dist.get_world_size()}")
-        me, mine = dist.get_rank(), {}
-        for kind in kinds:
-            for members in self.group_ranks(kind):
-                name = label(kind, self.coordinates(members[0])) if label else kind
-                group = dist.new_group(members, group_desc=name)
-                if me in members:
-                    mine[kind] = group
-        return mine
+            raise ValueError(f"a {self._describe()} mesh needs {self.size} ranks, the world "
+                             f"has {dist.get_world_size()}")
+        override = None
+        if dist.get_backend() == "toy":
+            from parlab.comm.toy import ToyOptions
+            override = {dim: ("toy", ToyOptions(label=kind)) for dim, kind in MESH_DIMS.items()}
+        mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=tuple(MESH_DIMS),
+                                backend_override=override)
+        if label is not None and override is not None:
+            from parlab.comm.toy import set_label
+            for dim, kind in MESH_DIMS.items():
+                group = mesh[dim].get_group()
+                first = min(dist.get_process_group_ranks(group))
+                set_label(group, label(kind, self.coordinates(first)))
+        return mesh
+
+    def groups(self, device_mesh) -> dict:
+        """This rank's process group of each kind (``"tensor"``, ...), from :meth:`build`'s mesh."""
+        return {kind: device_mesh[dim].get_group() for dim, kind in MESH_DIMS.items()}

@@ -4,11 +4,13 @@
 a Hugging Face config, on a cluster: memory, step time, recompute on or off; ``assumptions``
 lists what it takes as given; ``explain`` says why the winner wins, in words),
 ``placement`` (where each rank of a layout sits on a rail-optimized cluster), ``parallel3d``
-(a real 2 x 2 x 2 job equal to one process), ``cnn`` and ``cnn_step`` (the slides' CNN
+(a real 2 x 2 x 2 job equal to one process), ``pipeline_data`` (Figure 8-14: pipelines
+replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the slides' CNN
 advice measured, and a data + tensor parallel step run), ``summary`` (the slides' pros and
 cons, each with a number), ``copies`` (how many GPUs one model copy needs under chapter 01's
-assumptions and under the planner's, side by side). Imports every subpackage below it:
-launch, comm, models, memory, pipeline, tensor_parallel.
+assumptions and under the planner's, side by side). This is the only layer that
+combines strategies: each hybrid run builds a ``DeviceMesh`` and applies the strategies'
+own functions on its dimensions; none writes a loop or an all-reduce of its own.
 """
 
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction, TIME_PARTS
@@ -16,6 +18,9 @@ from parlab.hybrid.planner import evaluate, Layout, plan, Rejected, Search, sear
 from parlab.hybrid.explain import explain
 from parlab.hybrid.placement import cluster, group_links, place
 from parlab.hybrid.parallel3d import Run3D, run_3d
+from parlab.hybrid.pipeline_data import (
+    hybrid_name, HybridRun, pipeline_data_parallel, SYNC_FORMAT, SyncPair
+)
 from parlab.hybrid.cnn import (
     TENSOR_SPLITS, assignment_bytes, crossover_batch, hybrid_traffic, HybridTraffic
 )
@@ -25,6 +30,7 @@ from parlab.hybrid.copies import copy_sizes, copy_table, CopySize
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
-           "Run3D", "run_3d", "crossover_batch", "assignment_bytes", "HybridTraffic",
+           "Run3D", "run_3d", "HybridRun", "pipeline_data_parallel",
+           "SyncPair", "SYNC_FORMAT", "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
            "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "SummaryRow", "summary_table",
            "summary_text", "copy_sizes", "copy_table", "CopySize"]

@@ -1,22 +1,24 @@
 """The slides' CNN recipe run for real: data parallel convolutions, tensor parallel FC layers.
 
-Each rank keeps a full copy of the (small) convolution weights and runs the convolutions on
-its own slice of the batch, as in data parallelism. The (large) fully connected layers are
-split instead: ``fc1`` by output neurons (column parallel), ``fc2`` by input neurons (row
-parallel), as in Megatron's MLP. Between the two halves the ranks all-gather the batch's
-conv features, so every rank can feed the whole batch to its slice of ``fc1``.
+Composed from the two strategies, on the same ranks in two roles:
 
-Gradients, and why they come out right:
+- **data parallel** convolutions: each rank keeps a full copy of the (small) convolution
+  weights and runs them on its own slice of the batch; the ranks then *sum* the convolution
+  gradients with chapter 02's :func:`parlab.data_parallel.all_reduce_buckets` (no division:
+  the loss is already the mean over the whole batch, and each rank's share covers its own
+  samples);
+- **tensor parallel** FC layers: ``fc1`` becomes a
+  :class:`~parlab.tensor_parallel.ColumnParallelLinear` (output neurons split) and ``fc2`` a
+  :class:`~parlab.tensor_parallel.RowParallelLinear` (input neurons split), Megatron's MLP.
+  ``fc1`` takes its input *split by samples* (``sequence_parallel=True``): it all-gathers
+  the batch's conv features in forward, and its backward reduce-scatters their gradient, so
+  each rank receives the full gradient for its own samples' features, summed over the
+  ranks' FC slices. The FC slices get exactly their part of the full gradient.
 
-- every rank computes the same loss (the mean over the whole batch) from the same logits;
-- the all-gather of features has a reduce-scatter as its backward, so each rank receives
-  the full gradient for *its own* samples' features, summed over the ranks' FC slices;
-- the convolution gradients of a rank then cover its samples only, so the ranks *sum* them
-  (all-reduce) - no division, because the loss is already the mean over the whole batch;
-- ``fc1`` and ``fc2`` slices get exactly their part of the full gradient, with no exchange.
-
-:func:`hybrid_step` runs on each rank; :func:`reference_step` is the single-process step
-it must equal.
+Each role has its own ``DeviceMesh`` over the same ranks (:meth:`parlab.comm.Mesh.build`),
+so on the toy backend the log tells the tensor-parallel bytes ("tensor") from the
+data-parallel ones ("data"). :func:`hybrid_step` runs on each rank; :func:`reference_step`
+is the single-process step it must equal.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parlab.comm import Mesh
+from parlab.data_parallel import all_reduce_buckets
 from parlab.models import SmallCNN
-from parlab.tensor_parallel import gather_for_use, reduce_from_region
+from parlab.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["make_batch", "reference_step", "hybrid_step", "CONV_LAYERS"]
 
@@ -70,33 +73,27 @@ def hybrid_step(batch: int = 8, lr: float = 0.1, seed: int = 0, width: int = 8,
     if hidden % world:
         raise ValueError(f"hidden={hidden} neurons do not split over {world} ranks; "
                          f"use a multiple of {world}")
-    # the same ranks play both roles: a tensor mesh for the FC layers and a data mesh for
-    # the convolutions, each with its own labelled group, so a traffic log (toy backend)
-    # tells the tensor-parallel bytes from the data-parallel ones
-    tensor_group = Mesh(tp=world).new_groups(kinds=("tensor",))["tensor"]
-    data_group = Mesh(dp=world).new_groups(kinds=("data",))["data"]
+    tp_mesh, dp_mesh = Mesh(tp=world), Mesh(dp=world)  # the same ranks, two roles
+    tensor_group = tp_mesh.groups(tp_mesh.build())["tensor"]
+    data_group = dp_mesh.groups(dp_mesh.build())["data"]
     model = _model(seed, width, hidden)  # same seed: every rank starts from the same weights
-    rows = slice(rank * hidden // world, (rank + 1) * hidden // world)
-    w1 = model.fc1.weight.detach()[rows].clone().requires_grad_()
-    b1 = model.fc1.bias.detach()[rows].clone().requires_grad_()
-    w2 = model.fc2.weight.detach()[:, rows].clone().requires_grad_()
-    b2 = model.fc2.bias.detach().clone().requires_grad_()
+    fc1 = ColumnParallelLinear.from_linear(model.fc1, gather_output=False, group=tensor_group,
+                                           name="fc1", sequence_parallel=True)
+    fc2 = RowParallelLinear.from_linear(model.fc2, input_is_parallel=True, group=tensor_group,
+                                        name="fc2")
 
     x, y = make_batch(batch, seed)
     mine = slice(rank * batch // world, (rank + 1) * batch // world)
-    features = gather_for_use(model.features(x[mine]), dim=0, group=tensor_group)  # whole batch
-    hidden_slice = torch.relu(features @ w1.T + b1)                       # column parallel fc1
-    logits = reduce_from_region(hidden_slice @ w2.T, group=tensor_group) + b2  # row parallel fc2
+    logits = fc2(torch.relu(fc1(model.features(x[mine]))))  # every rank: the whole batch's
     F.cross_entropy(logits, y).backward()
 
     convs = [p for name in CONV_LAYERS for p in getattr(model, name).parameters()]
-    for p in convs:
-        dist.all_reduce(p.grad, group=data_group)  # each rank's share covers its samples: sum
+    all_reduce_buckets([p.grad for p in convs], average=False, group=data_group)
     with torch.no_grad():
-        for p in convs + [w1, b1, w2, b2]:
+        for p in convs + list(fc1.parameters()) + list(fc2.parameters()):
             p -= lr * p.grad
     result = {name: p.detach().clone() for name, p in model.named_parameters()
               if name.split(".")[0] in CONV_LAYERS}
-    result.update({"fc1.weight": w1.detach(), "fc1.bias": b1.detach(),
-                   "fc2.weight": w2.detach(), "fc2.bias": b2.detach()})
+    result.update({"fc1.weight": fc1.weight.detach(), "fc1.bias": fc1.bias.detach(),
+                   "fc2.weight": fc2.weight.detach(), "fc2.bias": fc2.bias.detach()})
     return result

@@ -1,26 +1,29 @@
 """A real 3D-parallel training step: data 2 x tensor 2 x pipeline 2 on 8 ranks, equal to one
-process.
+process, composed from the three strategies.
 
-Why this module exists: the planner (:mod:`parlab.planner`) reasons about layouts it never
-runs. Here the smallest interesting one runs for real, so every collective the planner
-counts is a real message: a small GPT from :func:`parlab.models.build_model` is
+Why this module exists: the planner (:mod:`parlab.hybrid.planner`) reasons about layouts it
+never runs. Here the smallest interesting one runs for real, so every collective the planner
+counts is a real message. Nothing in it is a parallelism of its own; it only composes:
 
-- cut into ``pp`` **pipeline** stages (stage 0: embeddings and the first blocks; the last
-  stage: the last blocks, final LayerNorm, head and loss); micro-batches go forward with
-  ``dist.send``/``dist.recv`` of activations and come back as gradients (GPipe order);
-- split inside each stage over ``tp`` ranks, **tensor parallel** as Megatron does it
-  (:class:`~parlab.tensor_parallel.attention.MegatronAttention`: whole heads per rank;
-  :class:`~parlab.tensor_parallel.layers.TensorParallelMLP`: fc1 by columns, fc2 by rows); LayerNorms,
-  embeddings and head stay replicated and get identical gradients on the tensor ranks;
-- copied ``dp`` times, **data parallel**: each replica trains on its share of the batch, and
-  the replicas sum their gradients (one bucketed all-reduce per stage and tensor index,
-  as DDP does) and divide by ``dp``, as Figure 8-2 describes.
+- the ranks form a ``DeviceMesh`` with dimensions ``dp``, ``pp``, ``cp`` (1 here) and ``tp``
+  (:meth:`parlab.comm.Mesh.build`): tensor index fastest, then stage, then replica, as the
+  planner places them (:mod:`parlab.hybrid.placement`): on servers of 2 GPUs, as in Figure
+  8-19, tensor groups share a server (NVLink), stages follow a rail, replicas sit on other
+  servers;
+- **tensor parallel**: :func:`parlab.tensor_parallel.parallelize` swaps every block of a
+  small GPT (:func:`parlab.models.build_model`) for Megatron's (whole heads per rank; fc1 by
+  columns, fc2 by rows) over the ``tp`` sub-mesh; LayerNorms, embeddings and head stay
+  replicated;
+- **pipeline**: the model's chain of layers (:meth:`parlab.models.GPT.pipeline_layers`) is cut
+  into ``pp`` stages (:func:`parlab.pipeline.split_layers`: the embeddings ride with the first
+  blocks, the head with the last) and run through chapter 03's executor
+  (:func:`parlab.pipeline.run_schedule`, GPipe order) over the ``pp`` sub-mesh;
+- **data parallel**: each replica trains on its share of the batch, and the copies of each
+  (stage, tensor index) average their gradients with chapter 02's bucketed all-reduce
+  (:func:`parlab.data_parallel.all_reduce_buckets`, one bucket) over the ``dp`` sub-mesh.
 
-Ranks are numbered and placed as the planner places them (:mod:`parlab.hybrid.placement`):
-tensor index fastest, then stage, then replica; on servers of 2 GPUs, as in Figure 8-19,
-tensor groups share a server (NVLink), stages follow a rail, replicas sit on other servers.
-The groups are made with ``dist.new_group(..., group_desc=kind)``, so on the "toy" backend
-every message carries its group's name ("tensor", "pipeline", "data").
+On the "toy" backend every message carries its sub-mesh's kind ("tensor", "pipeline",
+"data").
 
 The model's head is *untied* from its token embedding (``tied_embeddings=False``): tied, the
 first and the last stage would share one matrix and need a fourth kind of group (Megatron's
@@ -36,11 +39,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from parlab.models import TINY, build_model
-from parlab.comm import GROUP_KINDS, Mesh
+from parlab.comm import GROUP_KINDS, Mesh, Topology
+from parlab.data_parallel import all_reduce_buckets
 from parlab.hybrid.placement import cluster, place
-from parlab.comm import Topology
-from parlab.tensor_parallel import MegatronAttention, SelfAttention, TensorParallelMLP
+from parlab.models import TINY, build_model
+from parlab.pipeline import run_schedule, schedule, split_layers
+from parlab.tensor_parallel import merge_grads, parallelize, shard_pieces
 
 __all__ = ["CONFIG", "Run3D", "run_3d", "rank_step", "reference_step", "make_batch"]
 
@@ -67,100 +71,14 @@ def reference_step(batch: int = 8, seq: int = 8, lr: float = 0.1, seed: int = 0,
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-class _TensorParallelBlock(nn.Module):
-    """A :class:`parlab.models.Block` with Megatron attention and MLP over ``group``."""
-
-    def __init__(self, block: nn.Module, group):
-        super().__init__()
-        self.ln1, self.ln2 = block.ln1, block.ln2
-        self.attn = MegatronAttention(SelfAttention.from_module(block.attn), group=group)
-        self.mlp = TensorParallelMLP.from_mlp(block.mlp, group=group)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-    def pieces(self, prefix: str) -> dict:
-        """``{reference name: (local tensor, ShardSpec or None)}`` of this rank's parameters."""
-        out = {f"{prefix}.{n}": (p.detach(), None) for n, p in
-               (*self.ln1.named_parameters("ln1"), *self.ln2.named_parameters("ln2"))}
-        attn = self.attn
-        weights, biases = attn.qkv.weight.detach().chunk(3), attn.qkv.bias.detach().chunk(3)
-        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            spec = attn.specs[name]
-            out[f"{prefix}.attn.{name}.weight"] = (weights[i], spec)
-            out[f"{prefix}.attn.{name}.bias"] = (biases[i], spec.bias())
-        out[f"{prefix}.attn.out_proj.weight"] = (attn.out_proj.weight.detach(), attn.out_proj.spec)
-        out[f"{prefix}.attn.out_proj.bias"] = (attn.out_proj.bias.detach(), None)
-        fc1, fc2 = self.mlp.fc1, self.mlp.fc2
-        out[f"{prefix}.mlp.fc1.weight"] = (fc1.weight.detach(), fc1.spec)
-        out[f"{prefix}.mlp.fc1.bias"] = (fc1.bias.detach(), fc1.spec.bias())
-        out[f"{prefix}.mlp.fc2.weight"] = (fc2.weight.detach(), fc2.spec)
-        out[f"{prefix}.mlp.fc2.bias"] = (fc2.bias.detach(), None)
-        return out
-
-
-class _Stage(nn.Module):
-    """The layers of one pipeline stage on one tensor rank: embeddings, blocks, head."""
-
-    def __init__(self, model, stage: int, stages: int, group):
-        super().__init__()
-        per = model.config.n_layers // stages
-        self.first, self.last, self.start = stage == 0, stage == stages - 1, stage * per
-        self.blocks = nn.ModuleList(_TensorParallelBlock(model.blocks[i], group)
-                                    for i in range(self.start, self.start + per))
-        self.embed = nn.ModuleDict({"wte": model.wte, "wpe": model.wpe}) if self.first else None
-        self.head = nn.ModuleDict({"ln_f": model.ln_f, "lm_head": model.lm_head}) \
-            if self.last else None
-
-    def forward(self, x):
-        if self.first:
-            x = self.embed["wte"](x) + self.embed["wpe"](torch.arange(x.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.head["lm_head"](self.head["ln_f"](x)) if self.last else x
-
-    def pieces(self) -> dict:
-        out = {}
-        for part in (self.embed, self.head):
-            if part is not None:
-                out.update({n: (p.detach(), None) for n, p in part.named_parameters()})
-        for i, block in enumerate(self.blocks):
-            out.update(block.pieces(f"blocks.{self.start + i}"))
-        return out
-
-
-def _pipeline(stage: _Stage, inputs, targets, prev: int, nxt: int, group, width: int):
-    """Every micro-batch forward, then every one backward (GPipe); the loss on the last stage.
-
-    A stage receives its input from rank ``prev`` and sends its output to rank ``nxt`` (its
-    neighbours in the pipeline ``group``), and the gradients come back the same way.
-    """
-    saved, loss = [], 0.0
-    for x, target in zip(inputs, targets):                          # forward
-        if stage.first:
-            inp = x
-        else:
-            inp = torch.empty(x.shape + (width,))
-            dist.recv(inp, src=prev, group=group)
-            inp.requires_grad_()
-        out = stage(inp)
-        if stage.last:
-            out = F.cross_entropy(out.flatten(0, 1), target.flatten()) / len(inputs)
-            loss += out.item()
-        else:
-            dist.send(out.detach().contiguous(), dst=nxt, group=group)
-        saved.append((inp, out))
-    for inp, out in reversed(saved):                                # backward
-        if stage.last:
-            out.backward()
-        else:
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=nxt, group=group)
-            out.backward(grad)
-        if not stage.first:
-            dist.send(inp.grad.contiguous(), dst=prev, group=group)
-    return loss if stage.last else None
+def _stage_names(config, stage: int, pp: int) -> tuple[str, ...]:
+    """Name prefixes (in the unsplit model) of the parameters that pipeline stage ``stage`` holds."""
+    layers = config.n_layers + 2  # embeddings, the blocks, the head
+    names = []
+    for j in split_layers(layers, pp, stage, first=1, last=1):
+        names += (["wte.", "wpe."] if j == 0 else ["ln_f.", "lm_head."] if j == layers - 1
+                  else [f"blocks.{j - 1}."])
+    return tuple(names)
 
 
 def rank_step(dp: int = 2, tp: int = 2, pp: int = 2, batch: int = 8, seq: int = 8,
@@ -175,28 +93,32 @@ def rank_step(dp: int = 2, tp: int = 2, pp: int = 2, batch: int = 8, seq: int = 
     if config.n_layers % pp:
         raise ValueError(f"pp={pp} does not divide the {config.n_layers} layers")
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
+    groups = mesh.groups(mesh.build())
     where = mesh.coordinates(dist.get_rank())
-    groups = mesh.new_groups()
-    stage = _Stage(build_model(config, seed=seed), where.stage, pp, groups["tensor"])
-    pipe_group = groups["pipeline"]
-    prev = mesh.rank_at(where.replica, where.stage - 1, where.tensor) if where.stage else None
-    nxt = (mesh.rank_at(where.replica, where.stage + 1, where.tensor) if where.stage < pp - 1
-           else None)
 
+    model = parallelize(build_model(config, seed=seed), groups["tensor"])     # tensor
+    layers, sched = model.pipeline_layers(), schedule("gpipe", pp, microbatches)
+    held = split_layers(len(layers), pp, where.stage, first=1, last=1)        # pipeline
+    stage = nn.Sequential(*(layers[j] for j in held))
     x, y = make_batch(batch, seq, config.vocab, seed)
     share = slice(where.replica * batch // dp, (where.replica + 1) * batch // dp)
-    loss = _pipeline(stage, x[share].chunk(microbatches), y[share].chunk(microbatches),
-                     prev, nxt, pipe_group, config.d_model)
+    inputs, targets = x[share].chunk(microbatches), y[share].chunk(microbatches)
+    done = run_schedule(
+        sched, {where.stage: stage}, inputs, targets,
+        lambda logits, t: F.cross_entropy(logits.flatten(0, 1), t.flatten()) / microbatches,
+        lambda k, i: (*inputs[i].shape, config.d_model),
+        peers=dist.get_process_group_ranks(groups["pipeline"]), group=groups["pipeline"])
 
-    params = [p for p in stage.parameters() if p.grad is not None]
-    bucket = torch.cat([p.grad.flatten() for p in params])         # one all-reduce, as DDP
-    dist.all_reduce(bucket, group=groups["data"])
-    bucket /= dp
+    grads = [p.grad for p in stage.parameters() if p.grad is not None]       # data
+    all_reduce_buckets(grads, cap_bytes=sum(g.numel() * g.element_size() for g in grads),
+                       group=groups["data"])  # one bucket, averaged over the dp copies
     with torch.no_grad():
-        for p, g in zip(params, bucket.split([p.numel() for p in params])):
-            p -= lr * g.view_as(p)
-    return {"coordinates": tuple(where), "loss": loss,
-            "params": stage.pieces()}
+        for p in stage.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+    mine = _stage_names(config, where.stage, pp)
+    return {"coordinates": tuple(where), "loss": done.loss if where.stage == pp - 1 else None,
+            "params": {n: v for n, v in shard_pieces(model).items() if n.startswith(mine)}}
 
 
 @dataclass
@@ -215,7 +137,6 @@ class Run3D:
 
     def replica(self, d: int) -> dict:
         """Replica ``d``'s whole model, stitched from its ranks' pieces."""
-        from parlab.tensor_parallel import merge_grads
         merged, mesh = {}, Mesh(dp=self.dp, pp=self.pp, tp=self.tp)
         for k in range(self.pp):
             ranks = [mesh.rank_at(d, k, t) for t in range(self.tp)]

@@ -226,6 +226,34 @@ class GPT(nn.Module):
         """Mean next-token cross-entropy."""
         return next_token_loss(self(idx), targets)
 
+    def pipeline_layers(self) -> list[nn.Module]:
+        """The model as a chain of layers a pipeline can cut: the embeddings, each block,
+        then the final LayerNorm with the head (logits out). They share this model's
+        parameters, so a split or swapped block (tensor parallelism) shows in them."""
+        return [_Embeddings(self), *self.blocks, _Head(self)]
+
+
+class _Embeddings(nn.Module):
+    """Token ids (batch, seq) -> token + position embeddings: a GPT's first pipeline layer."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.wte, self.wpe = gpt.wte, gpt.wpe
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+
+
+class _Head(nn.Module):
+    """Final LayerNorm, then the LM head: a GPT's last pipeline layer."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.ln_f, self.lm_head = gpt.ln_f, gpt.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))
+
 
 def build_gpt(config: TransformerConfig, seed: int | None = 0,
               dtype: torch.dtype = torch.float32, device="cpu") -> GPT:

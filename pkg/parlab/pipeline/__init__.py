@@ -2,24 +2,27 @@
 
 ``schedules`` (schedules as per-rank action lists: book, naive, GPipe, 1F1B, interleaved),
 ``simulator`` (the per-step table, bubble and in-flight activations of a schedule), ``book``
-(the chapter's own wording and the slips in its step lists), ``executor`` (a schedule run on
-real ranks, logged step by step), ``hybrid`` (pipeline + data parallelism, and
-``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
+(the chapter's own wording and the slips in its step lists), ``runner`` (the one executor:
+any model's stages run through a schedule on real ranks), ``executor`` (chapter 03's network
+run that way, logged step by step and checked), ``torch_pipelining``
+(``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
 numbers), ``slots`` (actions against busy slots: the book's doubled steps, and the same
 schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
 :mod:`parlab.memory`.
 """
 
 from parlab.pipeline.schedules import SCHEDULES, Action, from_order, Schedule, schedule
-from parlab.pipeline.simulator import Event, simulate, Simulation, stage_gpu_names, StageTransfer
+from parlab.pipeline.simulator import (
+    Event, simulate, Simulation, stage_gpu_name, stage_gpu_names, StageTransfer
+)
+from parlab.pipeline.runner import run_schedule, split_layers, StageRun
 from parlab.pipeline.book import (
     action_code, ACTION_CODES, BOOK_ACTIVE_PERCENT, BOOK_STEPS, describe_step, errata, Erratum
 )
-from parlab.pipeline.executor import execute, Execution, Network, reference
-from parlab.pipeline.hybrid import (
-    HybridRun, our_action_order, pipeline_data_parallel, SYNC_FORMAT, SyncPair, torch_pipelining,
-    TorchRun
+from parlab.pipeline.executor import (
+    execute, Execution, max_difference, Network, reference, run_network, stage_layers
 )
+from parlab.pipeline.torch_pipelining import our_action_order, torch_pipelining, TorchRun
 from parlab.pipeline.slots import (
     doubled_steps, one_action_per_slot, slot_count, SlotCount, work_percent
 )
@@ -28,11 +31,11 @@ from parlab.pipeline.tradeoffs import (
 )
 
 __all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTransfer", "Event",
-           "Simulation", "simulate", "stage_gpu_names", "action_code", "ACTION_CODES",
+           "Simulation", "simulate", "stage_gpu_name", "stage_gpu_names", "run_schedule",
+           "split_layers", "StageRun", "run_network", "stage_layers", "max_difference", "action_code", "ACTION_CODES",
            "describe_step", "BOOK_STEPS",
            "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
-           "reference", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
-           "TorchRun", "torch_pipelining", "our_action_order", "compare", "comparison_table",
+           "reference", "TorchRun", "torch_pipelining", "our_action_order", "compare", "comparison_table",
            "ScheduleCost",
            "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL", "SlotCount", "slot_count",
            "work_percent", "one_action_per_slot", "doubled_steps"]

@@ -2,19 +2,17 @@
 
 Why: the simulator says what *should* happen; here it happens. Each rank holds its
 stage's layers of the chapter's network (hidden layers 1-3 and the output layer, one per
-stage on A1, A2, B1, B2), follows its row of ``pipeline_order`` step by step, and moves
-activations forward and errors backward with ``dist.send``/``dist.recv``. Every rank logs
+stage on A1, A2, B1, B2) and runs them through the one executor,
+:func:`parlab.pipeline.runner.run_schedule`, which follows its row of the schedule step by
+step and moves activations forward and errors backward with ``dist.send``/``dist.recv``
+(the 3D job runs its tensor-parallel GPT stages through the same function). Every rank logs
 what it computed and sent; :func:`execute` returns the logs and the gradients, and checks
 both: the log against the simulation, the gradients against one process training on the
 whole batch. Each rank also times every action and every send/recv
 (:func:`parlab.comm.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
 timeline, the real counterpart of the simulated Gantt chart.
 
-No deadlock, on any backend: in each step's communication phase every rank walks the
-same globally ordered list of that step's transfers and does its part (send if it is
-the source, recv if it is the destination). The earliest unfinished transfer always has
-both of its ranks waiting on it, so the phase always completes, even with blocking sends
-and with transfers going both ways between two ranks.
+The runner's docstring says why no schedule can deadlock.
 """
 
 from __future__ import annotations
@@ -24,11 +22,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from parlab.comm import chrome_trace, recording, span
-from parlab.pipeline.schedules import Schedule, _check_count
+from parlab.comm import chrome_trace
+from parlab.pipeline.runner import run_schedule, split_layers
+from parlab.checks import check_count
+from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 
-__all__ = ["Network", "Execution", "execute", "reference", "run_stages", "stage_layers",
+__all__ = ["Network", "Execution", "execute", "reference", "run_network", "stage_layers",
            "max_difference"]
 
 
@@ -53,7 +53,7 @@ class Network:
                 isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in w):
             raise ValueError(f"widths must be inputs, hidden sizes..., outputs: two or more "
                              f"whole numbers >= 1, got {w!r}")
-        _check_count("samples", self.samples, "samples in the batch")
+        check_count("samples", self.samples, "samples in the batch")
 
     @property
     def layers(self) -> int:
@@ -90,17 +90,7 @@ class Network:
 
 def stage_layers(net: Network, virtual_stages: int, stage: int) -> range:
     """Which layers (0-based) (virtual) stage ``stage`` holds: an equal, contiguous share."""
-    _check_count("stages", virtual_stages, "pipeline stages x chunks")
-    if virtual_stages > net.layers:
-        raise ValueError(f"stages={virtual_stages} is more than the network's {net.layers} "
-                         f"layers: every stage needs at least one layer")
-    if net.layers % virtual_stages:
-        raise ValueError(f"the network's {net.layers} layers do not split evenly over "
-                         f"{virtual_stages} stages x chunks; choose a divisor of {net.layers}")
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < virtual_stages:
-        raise ValueError(f"stage must be in 0..{virtual_stages - 1}, got {stage!r}")
-    per = net.layers // virtual_stages
-    return range(stage * per, (stage + 1) * per)
+    return split_layers(net.layers, virtual_stages, stage, what="network")
 
 
 def _split(sched: Schedule, x, target):
@@ -111,99 +101,43 @@ def _split(sched: Schedule, x, target):
     return list(x.chunk(m)), list(target.chunk(m))
 
 
-def run_stages(sched: Schedule, net: Network, me: int, peers: list[int], x, target,
-               transfers_by_step: list[list[StageTransfer]]):
-    """Run pipeline rank ``me``'s row of the schedule; ``peers[r]`` is pipeline rank r's
-    global rank. Returns {"events", "grads": {layer: (dW, db)}, "loss" (this rank's share),
-    "traffic": per step, the messages the toy backend logged as sent by this rank (or None
-    on other backends), "spans": this rank's timed actions (compute, named by the action,
-    such as "2F0") and sends/receives (communication, with bytes and the peer's global
-    rank)}."""
+def run_network(sched: Schedule, net: Network, x, target, *, peers=None, group=None,
+                transfers_by_step=None, batch_samples: int | None = None) -> dict:
+    """This rank's part of ``sched`` on the chapter's network, through :func:`run_schedule`.
+
+    ``x``/``target`` are the samples this pipeline trains on; ``batch_samples`` the size of
+    the whole batch the loss is averaged over (default: ``len(x)``). Returns {"events",
+    "grads": {layer: (dW, db)}, "loss" (this rank's share), "traffic" (per step, the
+    messages the toy backend logged as sent by this rank, or None on other backends),
+    "spans" (this rank's timed actions and sends/receives)}.
+    """
     from parlab.launch import rank_device
-    device = rank_device()  # this rank's GPU under NCCL, else the CPU
-    K = sched.virtual_stages
+    device = rank_device()
+    K, me = sched.virtual_stages, _pipeline_rank(sched, peers)
     layers = [layer.to(device) for layer in net.build()]
-    x, target = x.to(device), target.to(device)
-    mine = {k: list(stage_layers(net, K, k)) for k in range(K) if sched.rank_of(k) == me}
-    modules = {k: torch.nn.Sequential(*(layers[j] for j in js)) for k, js in mine.items()}
+    modules = {k: torch.nn.Sequential(*(layers[j] for j in stage_layers(net, K, k)))
+               for k in range(K) if sched.rank_of(k) == me}
     x_mbs, t_mbs = _split(sched, x, target)
+    samples = x.shape[0] if batch_samples is None else batch_samples
     width = lambda k: net.widths[stage_layers(net, K, k).stop]  # width of stage k's output
-    inbox, saved, outbox, events = {}, {}, {}, []
-    loss_total = torch.zeros((), device=device)
-    toy_log = _toy_log()
-    traffic, seen = ([] if toy_log else None), 0
-    with recording() as recorder:
-        for step in range(sched.steps):
-            step_events = {}  # (kind of what it sends, stage, micro-batch) -> log line
-            for action in sched.actions(me, step):
-                k, i = action.stage, action.microbatch
-                with span(str(action), "compute", step=step + 1, stage=k, kind=action.kind,
-                          microbatch=i):
-                    if action.kind == "F":
-                        inp = x_mbs[i] if k == 0 else inbox.pop(("y", k - 1, i))
-                        inp = inp.detach().requires_grad_(k > 0)
-                        out = modules[k](inp)
-                        if k == K - 1:
-                            out = net.loss(out, t_mbs[i], x.shape[0])
-                            loss_total += out.detach()
-                        saved[(k, i)] = (inp, out)
-                        produced, target_stage, kind = out.detach(), k + 1, "y"
-                    else:
-                        inp, out = saved.pop((k, i))
-                        out.backward(None if k == K - 1 else inbox.pop(("E", k + 1, i)))
-                        produced, target_stage, kind = (inp.grad if k > 0 else None), k - 1, "E"
-                if 0 <= target_stage < K:
-                    if sched.rank_of(target_stage) == me:  # the next chunk is here: no transfer
-                        inbox[(kind, k, i)] = produced
-                    else:
-                        outbox[(kind, k, i)] = produced
-                step_events[(kind, k, i)] = [step + 1, me, str(action), None]
-            for transfer in transfers_by_step[step]:  # the same global order on every rank
-                key = (transfer.kind, transfer.src_stage, transfer.microbatch)
-                if transfer.src == me:
-                    tensor = outbox.pop(key).contiguous()
-                    with _transfer_span("send", transfer, peers[transfer.dst], tensor, step):
-                        dist.send(tensor, peers[transfer.dst])
-                    step_events[key][3] = transfer  # logged once it has really been sent
-                elif transfer.dst == me:
-                    buffer = torch.empty(x_mbs[transfer.microbatch].shape[0],
-                                         width(min(transfer.src_stage, transfer.dst_stage)),
-                                         device=device)
-                    with _transfer_span("recv", transfer, peers[transfer.src], buffer, step):
-                        dist.recv(buffer, peers[transfer.src])
-                    inbox[key] = buffer
-            events += [Event(*e) for e in step_events.values()]
-            if toy_log:  # what the backend itself logged in this step's communication phase
-                log = toy_log()
-                traffic.append([r for r in log[seen:] if r.src == peers[me]])
-                seen = len(log)
+    done = run_schedule(sched, modules, x_mbs, t_mbs,
+                        lambda out, t: net.loss(out, t, samples),
+                        lambda k, i: (x_mbs[i].shape[0], width(k)),
+                        peers=peers, group=group, transfers_by_step=transfers_by_step)
     grads = {j: (layers[j][0].weight.grad.cpu(), layers[j][0].bias.grad.cpu())
-             for js in mine.values() for j in js}
-    return {"events": events, "grads": grads, "loss": float(loss_total), "traffic": traffic,
-            "spans": recorder.spans}
+             for k in modules for j in stage_layers(net, K, k)}
+    return {"events": done.events, "grads": grads, "loss": done.loss,
+            "traffic": done.traffic, "spans": done.spans}
 
 
-def _transfer_span(op: str, transfer: StageTransfer, peer: int, tensor, step: int):
-    """A communication span named after the action whose result moves: "send 2F0 -> 3"."""
-    produced_by = f"{transfer.src_stage}{'F' if transfer.kind == 'y' else 'B'}{transfer.microbatch}"
-    arrow = "->" if op == "send" else "<-"
-    return span(f"{op} {produced_by} {arrow} {peer}", "communication", op=op, peer=peer,
-                bytes=tensor.numel() * tensor.element_size(),
-                tensor=f"{transfer.kind}{transfer.microbatch + 1}", step=step + 1)
-
-
-def _toy_log():
-    """The toy backend's per-rank message log function, when this group runs on it."""
-    if dist.get_backend() != "toy":
-        return None
-    from parlab.comm.toy import transfers
-    return transfers
+def _pipeline_rank(sched: Schedule, peers) -> int:
+    rank = dist.get_rank()
+    return rank if peers is None else list(peers).index(rank)
 
 
 def _stage_worker(sched: Schedule, net: Network, transfers_by_step):
     x, target = net.batch()
-    return run_stages(sched, net, dist.get_rank(), list(range(sched.stages)), x, target,
-                      transfers_by_step)
+    return run_network(sched, net, x, target, transfers_by_step=transfers_by_step)
 
 
 def reference(net: Network, x=None, target=None):

@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple, Union
 
+from parlab.checks import check_count
+
 __all__ = ["Action", "Entry", "Schedule", "schedule", "from_order", "SCHEDULES",
            "entry_actions"]
 
@@ -254,15 +256,13 @@ SCHEDULES = {
 }
 
 
-def _check_count(name, value, what):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1 ({what}), got {value!r}")
+
 
 
 def _check_layers(layers, stages, chunks):
     if layers is None:
         return
-    _check_count("layers", layers, "layers of the model")
+    check_count("layers", layers, "layers of the model")
     if stages > layers:
         raise ValueError(f"stages={stages} is more than the model's {layers} layers: every "
                          f"stage needs at least one layer; use stages <= {layers}")
@@ -284,9 +284,9 @@ def schedule(name: str, stages: int = 4, microbatches: int = 4, chunks: int = 1,
     """
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; known: {sorted(SCHEDULES)}")
-    _check_count("stages", stages, "pipeline stages, one rank each")
-    _check_count("microbatches", microbatches, "micro-batches per batch")
-    _check_count("chunks", chunks, "model chunks per rank")
+    check_count("stages", stages, "pipeline stages, one rank each")
+    check_count("microbatches", microbatches, "micro-batches per batch")
+    check_count("chunks", chunks, "model chunks per rank")
     if chunks != 1 and name != "interleaved":
         raise ValueError(f"chunks={chunks} only applies to 'interleaved'; {name!r} holds one "
                          f"chunk per rank (use chunks=1)")
@@ -315,7 +315,7 @@ def from_order(pipeline_order: dict, chunks: int = 1, name: str = "custom") -> S
     if not pipeline_order:
         raise ValueError("pipeline_order must hold one row per rank, {rank: [entry per time "
                          "step]} with ranks 0, 1, ...; got an empty dict")
-    _check_count("chunks", chunks, "model chunks per rank")
+    check_count("chunks", chunks, "model chunks per rank")
     stages = len(pipeline_order)
     if sorted(pipeline_order) != list(range(stages)):
         raise ValueError(f"pipeline_order must have ranks 0..{stages - 1} as keys, got "

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab import memory
-from parlab.pipeline.schedules import SCHEDULES, _check_count, schedule
+from parlab.checks import check_count
+from parlab.pipeline.schedules import SCHEDULES, schedule
 from parlab.pipeline.simulator import Simulation, simulate
 from parlab.units import format_bytes
 
@@ -68,7 +69,7 @@ def compare(stages: int = 4, microbatches: int = 8, chunks: int = 2, model=DEFAU
                              ("chunks", chunks, "model chunks per rank, for 'interleaved'"),
                              ("microbatch_size", microbatch_size, "sequences per micro-batch"),
                              ("seq", seq, "tokens per sequence")):
-        _check_count(arg, value, what)  # bad input fails here, not as an error row per schedule
+        check_count(arg, value, what)  # bad input fails here, not as an error row per schedule
     names = (names,) if isinstance(names, str) else tuple(names)
     unknown = [n for n in names if n not in SCHEDULES]
     if unknown or not names:

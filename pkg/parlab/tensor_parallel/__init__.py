@@ -5,6 +5,8 @@ operators as autograd functions: what each collective's backward is), ``layers``
 (column- and row-parallel linear layers, vocabulary-parallel embeddings, under Megatron-LM's
 names), ``dtensor`` (the same splits through PyTorch's ``parallelize_module``),
 ``attention`` (self-attention split three ways: the book's, Megatron's, DTensor's),
+``parallelize`` (a whole GPT's blocks swapped for Megatron's over one group: what the 3D
+job composes),
 ``ffn`` (Figure 8-19's feed-forward network on 6 GPUs), ``counting`` (the chapter's numbers
 as formulas), ``runs``, ``mlp_runs`` and ``layer_runs`` (each split on real ranks beside
 its one-device twin), ``book`` (the evidence for the chapter's slips: what the collectives carry, one
@@ -28,6 +30,9 @@ from parlab.tensor_parallel.dtensor import default_mesh, dtensor_local_grads, dt
 from parlab.tensor_parallel.attention import (
     PROJECTIONS, attend, BookAttention, dtensor_attention, MegatronAttention, SelfAttention
 )
+from parlab.tensor_parallel.parallelize import (
+    merge_grads, parallelize, shard_pieces, TensorParallelBlock
+)
 from parlab.tensor_parallel.ffn import (
     FIGURE_8_19_SIZES, ffn_data, ffn_rank, layout, link_of, Placement, reference_ffn
 )
@@ -36,8 +41,8 @@ from parlab.tensor_parallel.counting import (
     parameter_memory, slide_costs, strategy_bytes, total
 )
 from parlab.tensor_parallel.runs import (
-    ATTENTION_VARIANTS, collective_wire_bytes, CommBytes, Comparison, merge_grads,
-    reference_attention, run_attention, run_ffn
+    ATTENTION_VARIANTS, collective_wire_bytes, CommBytes, Comparison, reference_attention,
+    run_attention, run_ffn
 )
 from parlab.tensor_parallel.book import (
     book_rounding, calls_table, collective_calls, CollectiveCall, column_split_input,
@@ -65,4 +70,5 @@ __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "ev
            "strategy_rank", "CollectiveCall", "collective_calls", "calls_table",
            "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
            "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
-           "default_mesh", "dtensor_mlp", "MLP_VARIANTS"]
+           "default_mesh", "dtensor_mlp", "MLP_VARIANTS", "parallelize", "shard_pieces",
+           "TensorParallelBlock"]

@@ -140,10 +140,10 @@ def ffn_rank(sizes=FIGURE_8_19_SIZES, tensor: int = 2, batch: int = 4, micro_bat
     _check_run(batch, micro_batches, activation)
     me = places[dist.get_rank()]
     # every stage's tensor group (its NVLink domain), then the pipeline of each GPU position
-    groups = Mesh(pp=stages, tp=tensor).new_groups(
-        kinds=("tensor", "pipeline"),
+    mesh = Mesh(pp=stages, tp=tensor)
+    groups = mesh.groups(mesh.build(
         label=lambda kind, first: (f"{_layer_name(first.stage, stages)} tensor" if kind == "tensor"
-                                   else f"pipeline {gpu_name(first.tensor, tensor)[0]}"))
+                                   else f"pipeline {gpu_name(first.tensor, tensor)[0]}")))
     if marks:
         marks()
     group, rail = groups["tensor"], groups["pipeline"]

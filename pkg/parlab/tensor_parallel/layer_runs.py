@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch import nn
 
 from parlab.launch import run
-from parlab.tensor_parallel.runs import Comparison, _Phases, merge_grads, phase_split
+from parlab.tensor_parallel.parallelize import merge_grads
+from parlab.tensor_parallel.runs import Comparison, _Phases, phase_split
 from parlab.tensor_parallel.sharding import _positive, balanced_ranges, check_degree
 
 __all__ = ["run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "embedding_rank",

@@ -30,7 +30,8 @@ from torch import nn
 
 from parlab.tensor_parallel.sharding import ShardSpec, shard_spec
 from parlab.tensor_parallel.mappings import (
-    broadcast_from, copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
+    broadcast_from, copy_to_region, gather_for_use, gather_from_region, reduce_from_region,
+    scatter_to_region
 )
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
@@ -63,28 +64,37 @@ class ColumnParallelLinear(_ParallelLinear):
     into the full Y; with ``False`` each rank keeps its slice (what a following
     :class:`RowParallelLinear` wants). Backward: the input's gradient is the sum of every
     rank's contribution, so ``copy_to_region`` all-reduces it.
+
+    ``sequence_parallel=True`` (Megatron's flag): the input arrives *split* along dim 0
+    (the sequence in Megatron; the batch in the slides' CNN), each rank holding its own
+    rows; ``gather_for_use`` all-gathers them in forward and reduce-scatters the input's
+    gradient in backward, so each rank gets the summed gradient of its own rows only.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, gather_output: bool,
-                 spec: ShardSpec, group=None):
+                 spec: ShardSpec, group=None, sequence_parallel: bool = False):
         super().__init__(weight, bias, spec, group)
-        self.gather_output = gather_output
+        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, gather_output: bool = True, group=None,
-                    name: str = "A") -> "ColumnParallelLinear":
+                    name: str = "A", sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's share of ``linear`` (every rank passes the same full layer)."""
         size, rank = _size_rank(group)
         spec = shard_spec(name, linear.weight.shape, "rows", size)[rank]
         bias = linear.bias[spec.start:spec.stop] if linear.bias is not None else None
-        return cls(spec.take(linear.weight.data), bias, gather_output, spec, group)
+        return cls(spec.take(linear.weight.data), bias, gather_output, spec, group,
+                   sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(copy_to_region(x, self.group), self.weight, self.bias)
+        x = (gather_for_use(x, 0, self.group) if self.sequence_parallel
+             else copy_to_region(x, self.group))
+        y = F.linear(x, self.weight, self.bias)
         return gather_from_region(y, -1, self.group) if self.gather_output else y
 
     def extra_repr(self) -> str:
-        return f"local weight {tuple(self.weight.shape)}, gather_output={self.gather_output}"
+        return (f"local weight {tuple(self.weight.shape)}, gather_output={self.gather_output}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 class RowParallelLinear(_ParallelLinear):

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_leaves
 from parlab.comm.toy import transfers
 from parlab.launch import run
 from parlab.tensor_parallel.sharding import _positive, check_degree, merge
+from parlab.tensor_parallel.parallelize import merge_grads
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
            "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
@@ -158,24 +159,6 @@ def phase_split(results: list[dict]) -> dict | None:
 
 
 # --------------------------------------------------------------------------- comparison
-
-def merge_grads(per_rank: list[dict]) -> dict:
-    """``{name: full gradient}`` from each rank's ``{name: (piece, ShardSpec or None)}``.
-
-    A piece without a spec is a replicated gradient: every rank must hold the same one.
-    """
-    merged = {}
-    for name, (first, spec) in per_rank[0].items():
-        pieces = [grads[name][0] for grads in per_rank]
-        if spec is None:
-            for rank, piece in enumerate(pieces[1:], start=1):
-                if not torch.allclose(piece, first, atol=1e-6):
-                    raise AssertionError(f"{name}: the replicated gradient differs on rank {rank}")
-            merged[name] = first
-        else:
-            merged[name] = merge(pieces, [grads[name][1] for grads in per_rank])
-    return merged
-
 
 def max_difference(a: dict, b: dict) -> float:
     """The largest absolute difference between equally named tensors of two dicts."""

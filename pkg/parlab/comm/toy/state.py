@@ -46,3 +46,6 @@ class ToyOptions:
 
     algorithm: str | None = None  # None: follow the process default
     label: str | None = None      # the ``group`` field of this group's transfer records
+    #: read by ``DeviceMesh`` when the options come through ``backend_override`` (None: the
+    #: default timeout); not a field, so it is not part of the options' identity
+    _timeout = None

@@ -218,7 +218,7 @@ def sync_figure(run, index: tuple = (0, 0)):
     ``index`` of its layer's local gradient, each arrow the average, both in ``SYNC_FORMAT``.
     A legend tells the blue arrows (activations forward, errors back within one replica)
     from the red ones."""
-    from parlab.pipeline import SYNC_FORMAT
+    from parlab.hybrid import SYNC_FORMAT
 
     p, replicas, f = run.schedule.stages, run.replicas, SYNC_FORMAT
     step_x, step_y, box_w, box_h = 2.6, 2.1, 1.9, 1.0
@@ -278,7 +278,8 @@ _register_steps()
 @figure("fig-8-14-pipeline-data-sync", "Figure 8-14: two 4-stage pipeline replicas on 8 GPUs, "
                                       "gradients synced")
 def _sync():
-    from parlab.pipeline import pipeline_data_parallel, schedule
+    from parlab.hybrid import pipeline_data_parallel
+    from parlab.pipeline import schedule
     return sync_figure(pipeline_data_parallel(schedule("book", stages=4, microbatches=2), 2))
 
 

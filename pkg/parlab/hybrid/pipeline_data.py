@@ -1,4 +1,4 @@
-"""Pipeline + data parallelism (Figure 8-14), and the production API beside our executor.
+"""Pipeline + data parallelism (Figure 8-14), composed from the two strategies.
 
 Figure 8-14: when one pipeline is not enough, the pipeline is replicated. With 4 stages on
 8 GPUs, replica 1 runs on A1, A2, B1, B2 (the names of the single pipeline) and replica 2 on
@@ -7,19 +7,19 @@ last backward, each stage's gradients are synchronized between the GPUs that hol
 (A1 with C1, A2 with C2, B1 with D1, B2 with D2): one
 all-reduce sums them across the replicas, and every GPU divides the sum by the number of
 replicas, so every copy of a layer takes the same step. :func:`pipeline_data_parallel`
-runs this on real ranks (a data-parallel group per stage, made with ``dist.new_group``)
-and compares it with one process training on the whole batch; :meth:`HybridRun.sync_pairs`
-gives one weight per stage on every GPU, before and after the sync.
+runs this on real ranks and compares it with one process training on the whole batch;
+:meth:`HybridRun.sync_pairs` gives one weight per stage on every GPU, before and after the
+sync.
 
-:func:`torch_pipelining` runs the same network with ``torch.distributed.pipelining``
-(``PipelineStage`` with ``ScheduleGPipe`` or ``Schedule1F1B``) on gloo, so the gradients of
-our hand-written executor can be compared with PyTorch's, and our action order with the
-``pipeline_order`` PyTorch builds.
+Nothing here is a second pipeline or a second all-reduce: the ranks form a ``DeviceMesh``
+(``dp`` x ``pp``, :meth:`parlab.comm.Mesh.build`), each replica runs chapter 03's executor
+(:func:`parlab.pipeline.run_network`) over its ``pp`` sub-mesh, and each stage's copies
+average their gradients with chapter 02's :func:`parlab.data_parallel.all_reduce_buckets`
+over their ``dp`` sub-mesh.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import Mesh
+from parlab.data_parallel import all_reduce_buckets
 from parlab.launch import rank_device
-from parlab.pipeline.executor import Network, max_difference, reference, run_stages, stage_layers
-from parlab.pipeline.schedules import Schedule, _check_count, entry_actions
-from parlab.pipeline.simulator import simulate, stage_gpu_name
+from parlab.pipeline import (Network, max_difference, reference, run_network, Schedule,
+                             stage_gpu_name, stage_layers)
+from parlab.checks import check_count
 
-__all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hybrid_name",
-           "TorchRun", "torch_pipelining", "our_action_order"]
+__all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hybrid_name"]
 
 #: How :meth:`HybridRun.sync_table` and the sync figure print a gradient: 5 significant
 #: digits, enough that each average visibly is (replica 1 + replica 2) / 2.
@@ -75,27 +75,28 @@ class SyncPair(NamedTuple):
     single: float
 
 
-def _hybrid_worker(sched: Schedule, net: Network, replicas: int, by_step):
-    p = sched.stages
-    mesh = Mesh(dp=replicas, pp=p)
-    replica, me, _ = mesh.coordinates(dist.get_rank())
-    data_group = mesh.new_groups(kinds=("data",))["data"]  # this stage's copies
-    group = sorted(dist.get_process_group_ranks(data_group))
+def _hybrid_worker(sched: Schedule, net: Network, replicas: int):
+    mesh = Mesh(dp=replicas, pp=sched.stages)
+    groups = mesh.groups(mesh.build())
+    replica = mesh.coordinates(dist.get_rank()).replica
     x, target = net.batch()
-    peers = [mesh.rank_at(replica, s) for s in range(p)]
-    result = run_stages(sched, net, me, peers, x.chunk(replicas)[replica],
-                        target.chunk(replicas)[replica], by_step)
+    result = run_network(sched, net, x.chunk(replicas)[replica], target.chunk(replicas)[replica],
+                         peers=dist.get_process_group_ranks(groups["pipeline"]),
+                         group=groups["pipeline"])
     local, summed, averaged = {}, {}, {}
-    unflat = lambda flat, dw: (flat[:dw.numel()].view_as(dw).cpu(), flat[dw.numel():].cpu())
     for j, (dw, db) in result["grads"].items():
-        flat = torch.cat([dw.flatten(), db]).to(rank_device())
         local[j] = (dw, db)
-        dist.all_reduce(flat, group=data_group)  # sum over the replicas, shared with each
-        summed[j] = unflat(flat.clone(), dw)
-        flat /= replicas  # every GPU divides by the number of replicas: the average
-        averaged[j] = unflat(flat, dw)
+        # one all-reduce per layer, summing its copies (chapter 02's exchange, unbucketed
+        # here so the sum can be shown); then every GPU divides by the number of replicas
+        pair = [torch.cat([dw.flatten(), db]).to(rank_device())]
+        all_reduce_buckets(pair, cap_bytes=None, average=False, group=groups["data"])
+        flat = pair[0].cpu()
+        summed[j] = (flat[:dw.numel()].view_as(dw).clone(), flat[dw.numel():].clone())
+        flat /= replicas
+        averaged[j] = (flat[:dw.numel()].view_as(dw), flat[dw.numel():])
     return {"events": result["events"], "local": local, "summed": summed,
-            "averaged": averaged, "loss": result["loss"], "group": group}
+            "averaged": averaged, "loss": result["loss"],
+            "group": sorted(dist.get_process_group_ranks(groups["data"]))}
 
 
 @dataclass
@@ -194,114 +195,16 @@ def pipeline_data_parallel(sched: Schedule, replicas: int = 2, net: Network | No
     """Run ``replicas`` copies of the pipeline ``sched``, each on its share of the batch,
     then synchronize each layer's gradients across its copies (Figure 8-14)."""
     net = net or Network()
-    _check_count("replicas", replicas, "copies of the pipeline")
+    check_count("replicas", replicas, "copies of the pipeline")
     if net.samples % (replicas * sched.microbatches):
         raise ValueError(f"{net.samples} samples do not split into {replicas} replicas x "
                          f"{sched.microbatches} micro-batches; use a multiple of "
                          f"{replicas * sched.microbatches}")
     stage_layers(net, sched.virtual_stages, 0)
-    by_step = [rec.transfers for rec in simulate(sched).records]
     from parlab.launch import run
-    ranks = run(_hybrid_worker, sched.stages * replicas, sched, net, replicas, by_step,
+    ranks = run(_hybrid_worker, sched.stages * replicas, sched, net, replicas,
                 backend=backend, timeout=timeout)
     names = [hybrid_name(g // sched.stages, g % sched.stages, sched.stages)
              for g in range(len(ranks))]
     ref_grads, ref_loss = reference(net)
     return HybridRun(sched, replicas, ranks, names, ref_grads, ref_loss, net)
-
-
-# ---------------------------------------------------------------- torch.distributed.pipelining
-
-_COMPUTE = re.compile(r"^\d+[FB]\d+$")
-
-
-def _torch_worker(kinds: tuple, net: Network, microbatches: int):
-    # importing torch.distributed.pipelining takes seconds per rank: one launch runs every kind
-    from torch.distributed import pipelining
-
-    rank, p = dist.get_rank(), dist.get_world_size()
-    results = {}
-    for kind in kinds:
-        layers = net.build()
-        module = torch.nn.Sequential(*(layers[j] for j in stage_layers(net, p, rank)))
-        stage = pipelining.PipelineStage(module, rank, p, torch.device("cpu"))
-        schedule_class = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[kind]
-        # mean over a micro-batch's samples; PyTorch then divides the gradients by the number
-        # of micro-batches (scale_grads=True), which gives the mean over the whole batch
-        per_microbatch = lambda out, target: ((out - target) ** 2).sum() / out.shape[0]
-        schedule = schedule_class(stage, n_microbatches=microbatches, loss_fn=per_microbatch)
-        x, target = net.batch()
-        losses: list = []
-        if p == 1:
-            schedule.step(x, target=target, losses=losses)
-        elif rank == 0:
-            schedule.step(x)
-        elif rank == p - 1:
-            schedule.step(target=target, losses=losses)
-        else:
-            schedule.step()
-        order = getattr(schedule, "pipeline_order", None) or {}
-        results[kind] = {
-            "grads": {j: (layers[j][0].weight.grad.clone(), layers[j][0].bias.grad.clone())
-                      for j in stage_layers(net, p, rank)},
-            "actions": [str(a) for a in order.get(rank, [])
-                        if a is not None and _COMPUTE.match(str(a))],
-            "loss": float(sum(l.detach() for l in losses) / microbatches) if losses else None,
-        }
-    return results
-
-
-@dataclass
-class TorchRun:
-    """PyTorch's pipeline on the chapter's network: gradients and each rank's action order."""
-
-    kind: str
-    stages: int
-    microbatches: int
-    grads: dict
-    actions: dict
-    loss: float
-
-    def difference(self, execution) -> float:
-        """Largest |PyTorch gradient - our executor's gradient| (an :class:`Execution`)."""
-        return max_difference(self.grads, execution.grads)
-
-    def forward_microbatches(self, rank: int) -> list:
-        """The micro-batch numbers (from 0) of the forward passes in ``rank``'s plan."""
-        if rank not in self.actions:
-            raise ValueError(f"rank must be one of {sorted(self.actions)}, got {rank!r}")
-        return sorted({int(a[a.index("F") + 1:]) for a in self.actions[rank] if "F" in a})
-
-
-def torch_pipelining(kinds=("gpipe", "1f1b"), stages: int = 4, microbatches: int = 4,
-                     net: Network | None = None, timeout: float = 120) -> dict:
-    """Run torch's ``ScheduleGPipe`` ("gpipe") and/or ``Schedule1F1B`` ("1f1b") on ``stages``
-    gloo ranks over the chapter's network; returns {kind: TorchRun}."""
-    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    _check_count("stages", stages, "pipeline stages, one rank each")
-    _check_count("microbatches", microbatches, "micro-batches per batch")
-    for kind in kinds:
-        if kind not in ("gpipe", "1f1b"):
-            raise ValueError(f"kinds must be 'gpipe' and/or '1f1b' (torch's ScheduleGPipe and "
-                             f"Schedule1F1B), got {kind!r}")
-    if "1f1b" in kinds and microbatches < stages:
-        raise ValueError(f"torch's Schedule1F1B needs microbatches >= stages, got "
-                         f"microbatches={microbatches} for stages={stages}")
-    net = net or Network()
-    stage_layers(net, stages, 0)
-    if net.samples % microbatches:
-        raise ValueError(f"{net.samples} samples do not split into {microbatches} micro-batches")
-    from parlab.launch import run
-    results = run(_torch_worker, stages, kinds, net, microbatches, backend="gloo",
-                  timeout=timeout)
-    return {kind: TorchRun(kind, stages, microbatches,
-                           {j: g for r in results for j, g in r[kind]["grads"].items()},
-                           {rank: r[kind]["actions"] for rank, r in enumerate(results)},
-                           results[-1][kind]["loss"])
-            for kind in kinds}
-
-
-def our_action_order(sched: Schedule) -> dict:
-    """Each rank's actions in the order it runs them (idle steps dropped), as strings."""
-    return {rank: [str(a) for e in row for a in entry_actions(e)]
-            for rank, row in sched.pipeline_order.items()}

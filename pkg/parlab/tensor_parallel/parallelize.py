@@ -1,0 +1,108 @@
+"""Apply tensor parallelism to a whole model: swap each block's layers for Megatron's.
+
+Like torchtitan's ``parallelize_module`` step, :func:`parallelize` walks a
+:class:`parlab.models.GPT` and replaces, inside every transformer block, the attention
+with :class:`~parlab.tensor_parallel.attention.MegatronAttention` (whole heads per rank)
+and the MLP with :class:`~parlab.tensor_parallel.layers.TensorParallelMLP` (fc1 by
+columns, fc2 by rows), all over one process group: the ``tp`` dimension of a
+``DeviceMesh``. LayerNorms, embeddings and the head stay replicated and get identical
+gradients on every tensor rank. The model keeps its shape, so a pipeline cuts it and data
+parallelism averages it exactly as it would the unsplit model: that is how the 3D job in
+:mod:`parlab.hybrid` is composed.
+
+:func:`shard_pieces` lists every parameter as ``(local piece, ShardSpec or None)`` under
+the unsplit model's names, and :func:`merge_grads` glues the ranks' pieces back, so a run
+can be compared with the one-device model name by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from parlab.tensor_parallel.attention import MegatronAttention, SelfAttention
+from parlab.tensor_parallel.layers import TensorParallelMLP
+from parlab.tensor_parallel.sharding import merge
+
+__all__ = ["TensorParallelBlock", "parallelize", "shard_pieces", "merge_grads"]
+
+
+class TensorParallelBlock(nn.Module):
+    """A :class:`parlab.models.Block` with Megatron attention and MLP over ``group``."""
+
+    def __init__(self, block: nn.Module, group):
+        super().__init__()
+        self.ln1, self.ln2 = block.ln1, block.ln2
+        self.attn = MegatronAttention(SelfAttention.from_module(block.attn), group=group)
+        self.mlp = TensorParallelMLP.from_mlp(block.mlp, group=group)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+    def pieces(self, prefix: str) -> dict:
+        """``{unsplit name: (local tensor, ShardSpec or None)}`` of this rank's parameters."""
+        out = {f"{prefix}.{n}": (p.detach(), None) for n, p in
+               (*self.ln1.named_parameters("ln1"), *self.ln2.named_parameters("ln2"))}
+        attn = self.attn
+        weights, biases = attn.qkv.weight.detach().chunk(3), attn.qkv.bias.detach().chunk(3)
+        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            spec = attn.specs[name]
+            out[f"{prefix}.attn.{name}.weight"] = (weights[i], spec)
+            out[f"{prefix}.attn.{name}.bias"] = (biases[i], spec.bias())
+        out[f"{prefix}.attn.out_proj.weight"] = (attn.out_proj.weight.detach(), attn.out_proj.spec)
+        out[f"{prefix}.attn.out_proj.bias"] = (attn.out_proj.bias.detach(), None)
+        fc1, fc2 = self.mlp.fc1, self.mlp.fc2
+        out[f"{prefix}.mlp.fc1.weight"] = (fc1.weight.detach(), fc1.spec)
+        out[f"{prefix}.mlp.fc1.bias"] = (fc1.bias.detach(), fc1.spec.bias())
+        out[f"{prefix}.mlp.fc2.weight"] = (fc2.weight.detach(), fc2.spec)
+        out[f"{prefix}.mlp.fc2.bias"] = (fc2.bias.detach(), None)
+        return out
+
+
+def parallelize(model: nn.Module, group) -> nn.Module:
+    """Split every block of ``model`` (a :class:`parlab.models.GPT`) over ``group``, in place.
+
+    Returns the model. Each rank of ``group`` must call it on the same (same-seeded)
+    model: each keeps its own slice of every split weight.
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"parallelize needs a model with a ModuleList of transformer blocks "
+                        f"(parlab.models.GPT), got {type(model).__name__}")
+    for i, block in enumerate(blocks):
+        blocks[i] = TensorParallelBlock(block, group)
+    return model
+
+
+def shard_pieces(module: nn.Module) -> dict:
+    """``{unsplit name: (local tensor, ShardSpec or None)}`` for every parameter of
+    ``module`` (any part of a model that :func:`parallelize` split): a split block's pieces
+    come with their spec, every other parameter whole, under its name in the unsplit model."""
+    out, inside = {}, set()
+    for name, child in module.named_modules():
+        if isinstance(child, TensorParallelBlock):
+            out.update(child.pieces(name))
+            inside |= {id(p) for p in child.parameters()}
+    for name, p in module.named_parameters():
+        if id(p) not in inside:
+            out[name] = (p.detach(), None)
+    return out
+
+
+def merge_grads(per_rank: list[dict]) -> dict:
+    """``{name: full tensor}`` from each rank's ``{name: (piece, ShardSpec or None)}``.
+
+    A piece without a spec is replicated: every rank must hold the same one.
+    """
+    merged = {}
+    for name, (first, spec) in per_rank[0].items():
+        pieces = [grads[name][0] for grads in per_rank]
+        if spec is None:
+            for rank, piece in enumerate(pieces[1:], start=1):
+                if not torch.allclose(piece, first, atol=1e-6):
+                    raise AssertionError(f"{name}: the replicated tensor differs on rank {rank}")
+            merged[name] = first
+        else:
+            merged[name] = merge(pieces, [grads[name][1] for grads in per_rank])
+    return merged
