@@ -195,7 +195,8 @@ print(summary_text(summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb
 
 # %%
 from parlab.hybrid import Assumptions
-from parlab.models import GPT3_175B, H100_BF16_TFLOPS, H100_HBM_TB_PER_S, MFU
+from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
+from parlab.models import GPT3_175B, MFU
 from parlab.viz.widgets import planner_explorer
 
 explorer = planner_explorer("GPT-3 175B", n_gpus, gpu_gb)

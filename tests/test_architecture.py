@@ -22,11 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "pkg" / "parlab"
 
 #: Bottom up; a subpackage may import the ones listed before it, and itself.
-LAYERS = ["units", "checks", "launch", "comm", "models", "memory", "data_parallel", "sharded", "pipeline",
+LAYERS = ["units", "checks", "hardware", "launch", "comm", "models", "memory", "data_parallel", "sharded", "pipeline",
           "tensor_parallel", "hybrid", "viz", "exercises"]
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
 TOOLS = {"book", "figures", "site"}
-TOP_LEVEL = {"__init__", "units", "checks"} | TOOLS
+TOP_LEVEL = {"__init__", "units", "checks", "hardware"} | TOOLS
 MAX_LINES = 400
 
 
@@ -179,7 +179,7 @@ def test_a_handful_of_top_level_modules_and_each_layer_is_a_subpackage():
     top = {p.stem for p in PKG.glob("*.py")}
     assert top == TOP_LEVEL
     packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
-    assert packages == set(LAYERS) - {"units", "checks"}
+    assert packages == set(LAYERS) - {"units", "checks", "hardware"}
 
 
 def test_every_third_party_import_is_declared():

@@ -4,9 +4,10 @@ import math
 
 import pytest
 
+from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
 from parlab.models import (
-    CONFIGS, H100_BF16_TFLOPS, H100_HBM_TB_PER_S, block_matmul_efficiency, block_matmuls,
-    count_parameters, get_config, matmul_efficiency
+    CONFIGS, block_matmul_efficiency, block_matmuls, count_parameters, get_config,
+    matmul_efficiency
 )
 from parlab.hybrid import Assumptions, evaluate, plan, search
 

@@ -15,7 +15,7 @@ from parlab.comm.cost import (
     ring_wire_bytes
 )
 from parlab.comm.topology import (
-    LINK_TYPES, NIC_GBPS, NVLINK, figure_8_19, gpu_name, link_type, LinkSpec, nic, rail_optimized,
+    LINK_TYPES, NVLINK, figure_8_19, gpu_name, link_type, LinkSpec, nic, rail_optimized,
     rank_of, Topology
 )
 from parlab.comm.mesh import GROUP_KINDS, Coordinates, Mesh
@@ -27,7 +27,7 @@ from parlab.comm.trace import chrome_trace, load_trace, save_trace, trace_summar
 
 __all__ = ["Transfer", "TrafficLog", "ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank",
            "allreduce_steps", "allreduce_time", "bus_bandwidth", "LinkSpec", "NVLINK", "nic",
-           "NIC_GBPS", "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of",
+           "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of",
            "link_type", "LINK_TYPES", "Mesh", "Coordinates", "GROUP_KINDS", "COLLECTIVES",
            "one_collective", "toy", "run_with_traffic", "SPAN_CATEGORIES", "Span", "SpanRecorder",
            "span", "recording", "chrome_trace", "save_trace", "load_trace", "trace_summary",

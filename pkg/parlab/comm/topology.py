@@ -31,13 +31,12 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass, field, replace
 
-__all__ = ["LinkSpec", "NVLINK", "nic", "NIC_GBPS", "Topology", "rail_optimized", "figure_8_19",
+from parlab.hardware import NIC_GBPS, NIC_SPEEDS_GBPS, NVLINK_GB_PER_S
+
+__all__ = ["LinkSpec", "NVLINK", "nic", "Topology", "rail_optimized", "figure_8_19",
            "gpu_name", "rank_of", "link_type", "LINK_TYPES"]
 
 LINK_TYPES = ("nvlink", "rail", "spine")
-#: The NIC speeds the chapter mentions, in Gb/s.
-NIC_GBPS = (100, 200, 400)
-
 
 @dataclass(frozen=True)
 class LinkSpec:
@@ -53,13 +52,13 @@ class LinkSpec:
 
 
 #: NVLink between GPUs of one server (see the module docstring for the numbers' sources).
-NVLINK = LinkSpec("nvlink", alpha=1e-6, bandwidth=450e9)
+NVLINK = LinkSpec("nvlink", alpha=1e-6, bandwidth=NVLINK_GB_PER_S * 1e9)
 
 
-def nic(gbps: float = 400, hops: str = "rail") -> LinkSpec:
+def nic(gbps: float = NIC_GBPS, hops: str = "rail") -> LinkSpec:
     """A NIC of ``gbps`` Gb/s, through one rail switch (``"rail"``) or through the spine."""
     if gbps <= 0:
-        raise ValueError(f"a NIC needs a positive speed in Gb/s (usual: {NIC_GBPS}), got {gbps}")
+        raise ValueError(f"a NIC needs a positive speed in Gb/s (usual: {NIC_SPEEDS_GBPS}), got {gbps}")
     if hops not in ("rail", "spine"):
         raise ValueError(f"hops must be 'rail' or 'spine', got {hops!r}")
     return LinkSpec(hops, alpha=2e-6 if hops == "rail" else 3e-6, bandwidth=gbps * 1e9 / 8)

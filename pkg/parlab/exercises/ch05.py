@@ -159,7 +159,7 @@ def _compute_bound_tokens() -> int:
                   "bf16 on an H100 (989 TFLOP/s, 3.35 TB/s), from how many tokens per "
                   "micro-batch does the roofline call its product compute-bound?")
 def _roofline(answer):
-    from parlab.models import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
+    from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
     expected, value = _compute_bound_tokens(), float(answer)
     ridge = H100_BF16_TFLOPS / H100_HBM_TB_PER_S
     if abs(value - expected) <= max(2, 0.02 * expected):

@@ -60,7 +60,8 @@ from dataclasses import dataclass
 
 from parlab import memory
 from parlab.hybrid.placement import _positive
-from parlab.models import H100_BF16_TFLOPS, H100_HBM_TB_PER_S, MFU
+from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
+from parlab.models import MFU
 from parlab.tensor_parallel import divisors
 
 __all__ = ["TIME_PARTS", "Assumptions", "bubble_fraction", "split_problem"]

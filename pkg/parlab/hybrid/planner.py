@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab import memory
 from parlab.memory import Breakdown
 from parlab.units import format_bytes
@@ -248,7 +249,7 @@ def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_b
     return times
 
 
-def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float = 80,
+def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float = GPU_MEMORY_GB,
              topology: Topology | None = None, assumptions: Assumptions | None = None,
              **kwargs) -> Layout:
     """Memory and step time of one layout (fitting or not); keywords as in :func:`plan`, with
@@ -291,7 +292,7 @@ def _triples(gpus: int):
             yield gpus // (tp * pp), tp, pp
 
 
-def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | None = None,
+def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: Topology | None = None,
            nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> Search:
     """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
     config = get_config(config)
@@ -335,7 +336,7 @@ def search(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology |
     return result
 
 
-def plan(config, gpus: int, gpu_memory_gb: float = 80, *, topology: Topology | None = None,
+def plan(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: Topology | None = None,
          nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> list[Layout]:
     """The layouts of ``config`` on ``gpus`` GPUs that fit in ``gpu_memory_gb``, fastest first.
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from numbers import Real
 from typing import Any, Callable, NamedTuple
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory.states import Precision
 from parlab.units import GB, format_bytes
 
@@ -34,7 +35,7 @@ class Breakdown:
     master_weights: int
     activations: int
     other: int = 0          # measured on a GPU only: the transient rest of the peak
-    capacity: int = 80 * GB
+    capacity: int = GPU_MEMORY_GB * GB
     label: str = ""
 
     @property

@@ -63,6 +63,7 @@ import os
 
 from torch import nn
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
@@ -259,7 +260,7 @@ def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
 
 def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
              dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
-             schedule: str = "1f1b", gpu_memory_gb: float = 80, zero: int = 0,
+             schedule: str = "1f1b", gpu_memory_gb: float = GPU_MEMORY_GB, zero: int = 0,
              recompute: str | None = None, *, example_input=None, loss_fn=None,
              split_points=None) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
@@ -291,7 +292,7 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
 
 
 def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
-             gpu_memory_gb: float = 80, microbatches: int = 1, schedule: str = "1f1b",
+             gpu_memory_gb: float = GPU_MEMORY_GB, microbatches: int = 1, schedule: str = "1f1b",
              max_tp: int = 8, zero: int = 0, recompute: str | None = None, *,
              example_input=None, loss_fn=None) -> Plan:
     """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.

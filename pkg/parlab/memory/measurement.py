@@ -16,6 +16,7 @@ from itertools import chain
 import torch
 from torch import nn
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.calculator import resolve_setup
 from parlab.memory.tracing import default_loss, failure_message
@@ -103,7 +104,7 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def measure(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
             dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
-            gpu_memory_gb: float = 80, device: str = "cpu", seed: int = 0, *,
+            gpu_memory_gb: float = GPU_MEMORY_GB, device: str = "cpu", seed: int = 0, *,
             example_input=None, loss_fn=None) -> Breakdown:
     """Run real training steps and count, part by part, the bytes the second step kept.
 

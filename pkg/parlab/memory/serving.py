@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory.states import check_positive, check_precision
 from parlab.models import LlamaConfig, count_parameters, get_config
 from parlab.units import GB
@@ -41,7 +42,7 @@ class Serving:
     def total(self) -> int:
         return self.weights + self.kv_cache
 
-    def gpus(self, gpu_memory_gb: float = 80) -> int:
+    def gpus(self, gpu_memory_gb: float = GPU_MEMORY_GB) -> int:
         """The fewest GPUs of ``gpu_memory_gb`` that hold it, split perfectly evenly."""
         if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, (int, float)) \
                 or not gpu_memory_gb > 0:

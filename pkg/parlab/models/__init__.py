@@ -29,7 +29,7 @@ from parlab.models.cnn import (
 )
 from parlab.models.compute import (
     block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS,
-    H100_HBM_TB_PER_S, matmul_efficiency, matmul_rates, MFU, compute_seconds, flops_seconds,
+    matmul_efficiency, matmul_rates, MFU, compute_seconds, flops_seconds,
     training_flops
 )
 
@@ -41,6 +41,6 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "ACTIVATIONS", "BOOK_NAMES", "SCALES_WITH", "book_table", "bytes_by_scaling",
            "held_bytes", "tensor_bytes", "SmallCNN",
            "LayerProfile", "profile", "share_by_kind", "communication_per_layer",
-           "H100_BF16_TFLOPS", "H100_HBM_TB_PER_S", "MFU", "FLOPS_PER_PARAMETER_TOKEN",
+           "MFU", "FLOPS_PER_PARAMETER_TOKEN",
            "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
            "block_matmuls", "block_matmul_efficiency", "matmul_rates"]

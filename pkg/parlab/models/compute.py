@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import math
 
+from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
 from parlab.models.llama import LlamaConfig
 
-__all__ = ["H100_BF16_TFLOPS", "H100_HBM_TB_PER_S", "MFU", "FLOPS_PER_PARAMETER_TOKEN",
+__all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN",
            "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
            "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
 
-#: NVIDIA's dense bf16 peak of an H100 SXM, TFLOP/s.
-H100_BF16_TFLOPS = 989.0
-#: NVIDIA's HBM3 bandwidth of an H100 SXM, TB/s.
-H100_HBM_TB_PER_S = 3.35
 #: The share of peak a GPU sustains in a training step's matrix multiplications.
 MFU = 0.4
 #: Forward (2) plus backward (4) FLOPs per parameter per token.

@@ -52,13 +52,14 @@ def scaling_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gbps: int = 40
 
     from parlab.models import CONFIGS
     from parlab.viz.plots.data_parallel import SCALES
-    from parlab.comm import ALGORITHMS, NIC_GBPS
+    from parlab.comm import ALGORITHMS
+    from parlab.hardware import NIC_SPEEDS_GBPS
 
     controls = {
         "model": w.Dropdown(options=[m for m in CONFIGS if m != "tiny"], value=model,
                             description="model"),
         "gpus": w.SelectionSlider(options=SCALES, value=gpus, description="GPUs"),
-        "gbps": w.Dropdown(options=list(NIC_GBPS), value=gbps, description="NIC Gb/s"),
+        "gbps": w.Dropdown(options=list(NIC_SPEEDS_GBPS), value=gbps, description="NIC Gb/s"),
         "algorithm": w.Dropdown(options=list(ALGORITHMS), value=algorithm,
                                 description="all-reduce"),
         "dtype": w.Dropdown(options=["bf16", "fp32"], value=dtype, description="gradients"),
