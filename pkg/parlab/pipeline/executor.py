@@ -7,7 +7,7 @@ activations forward and errors backward with ``dist.send``/``dist.recv``. Every 
 what it computed and sent; :func:`execute` returns the logs and the gradients, and checks
 both: the log against the simulation, the gradients against one process training on the
 whole batch. Each rank also times every action and every send/recv
-(:func:`parlab.comm.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
+(:func:`parlab.launch.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
 timeline, the real counterpart of the simulated Gantt chart.
 
 No deadlock, on any backend: in each step's communication phase every rank walks the
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from parlab.comm import chrome_trace, recording, span
+from parlab.comm import chrome_trace
+from parlab.launch import recording, span
 from parlab.pipeline.schedules import Schedule, _check_count
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 
