@@ -74,8 +74,8 @@ class TrafficLog:
 
     @classmethod
     def merge(cls, logs) -> TrafficLog:
-        """One log of the records of ``logs``, each transfer kept once (the logs must not
-        share one: a rank's report holds only what it sent).
+        """All the records of ``logs`` in one log (nothing is dropped: each rank's report
+        holds only what that rank sent, so no transfer is in two of them).
 
         How a run's ``.traffic`` is made from every rank's report (the launcher calls this
         without naming the class). Records are ordered by group (in order of appearance),

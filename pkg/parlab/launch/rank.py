@@ -23,7 +23,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from parlab.launch.reports import collect_reports
+from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.spans import recording
 
 __all__ = ["rank_main"]
@@ -84,6 +84,7 @@ def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s), **options)
+        start_reports()
         dist.barrier()
         with recording() as recorder:  # every span fn records goes home as well
             result = fn(*args, **kwargs)

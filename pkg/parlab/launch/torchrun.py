@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch.errors import RankError
-from parlab.launch.reports import collect_reports
+from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.result import Run
 from parlab.launch.spans import recording
 
@@ -95,6 +95,7 @@ def run_under_torchrun(fn, world_size, backend, timeout, args, kwargs):
     started = time.monotonic()
     _join(backend, float(timeout))
     try:
+        start_reports()
         with recording() as recorder:
             result = fn(*args, **kwargs)
         message = cloudpickle.dumps(("ok", result, collect_reports(), recorder.spans))

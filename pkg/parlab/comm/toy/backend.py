@@ -86,6 +86,7 @@ def clear_transfers() -> None:
     of a group must agree on.)
     """
     STATE.log.clear()
+    STATE.run_start = 0
     for group in STATE.groups:
         group._shown_from = group._calls
         group._pairs.clear()
@@ -113,18 +114,25 @@ def register() -> None:
     what it sent (:func:`sent_log`), and the run's ``.traffic`` merges the reports.
     """
     dist.Backend.register_backend("toy", _create, extended_api=True, devices=["cpu", "cuda"])
-    register_collector("traffic", sent_log)
+    register_collector("traffic", sent_log, start=_mark_run_start)
+
+
+def _mark_run_start() -> None:
+    """Called by the launcher as each rank's group comes up: the run's log begins here."""
+    STATE.run_start = len(STATE.log)
 
 
 def sent_log() -> TrafficLog | None:
-    """What this rank sent, as a :class:`TrafficLog`; None when it used no toy group.
+    """What this rank sent in the current launch, as a :class:`TrafficLog`; None when it used
+    no toy group.
 
     (Each message is in the log of both ends; keeping the sender's copy counts it once.)
     """
-    if not (STATE.log or isinstance(dist.group.WORLD, ToyProcessGroup)):
+    log = STATE.log[STATE.run_start:]
+    if not (log or isinstance(dist.group.WORLD, ToyProcessGroup)):
         return None
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    return TrafficLog(rec for rec in STATE.log if rec.src == rank)
+    return TrafficLog(rec for rec in log if rec.src == rank)
 
 
 def _traced(fn, algorithm, args, kwargs):
