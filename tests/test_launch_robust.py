@@ -179,7 +179,7 @@ import json, os, sys
 import torch, torch.distributed as dist
 from parlab.comm import run_with_traffic
 from parlab import launch
-from parlab.launch import RankError, last_run, run
+from parlab.launch import RankError, run
 
 def total():
     t = torch.tensor([float(dist.get_rank() + 1)])
@@ -198,8 +198,12 @@ if __name__ == "__main__":
     out = {}
     results, log = run_with_traffic(total, 2)
     out["traffic"] = [results, len(log) > 0, log.ranks()]
-    out["last_run"] = [last_run().world_size, last_run().backend]
+    out["run"] = [results.world_size, results.backend, len(results.spans), results.traffic is log]
     out["backends"] = [run(where, 2, backend="toy"), run(where, 2, backend="gloo"), run(where, 2)]
+    # one process serves every run: each run's traffic is its own, none on gloo
+    again = [run(total, 2, backend="toy").traffic.filter(op="all_reduce") for _ in range(2)]
+    out["own traffic"] = [[len(log), log.total_bytes] for log in again]
+    out["gloo traffic"] = run(total, 2, backend="gloo").traffic is None
     out["default"] = launch.default_backend(2)
     for bad in (3, 1):
         try:
@@ -227,7 +231,10 @@ def test_real_torchrun_traffic_backends_and_errors(tmp_path):
     for rank in (0, 1):
         got = json.loads((tmp_path / f"out.{rank}").read_text())
         assert got["traffic"] == [[3.0, 3.0], True, [0, 1]]
-        assert got["last_run"] == [2, "toy"]
+        assert got["run"] == [2, "toy", 2, True]
+        first, second = got["own traffic"]
+        assert first == second and first[0] > 0  # the second run does not see the first's
+        assert got["gloo traffic"] is True
         assert got["backends"] == [[["toy", 2]] * 2, [["gloo", 2]] * 2, [[got["default"], 2]] * 2]
         for bad in (3, 1):
             assert f"run(fn, {bad}) under torchrun" in got[f"world_size {bad}"]

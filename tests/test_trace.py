@@ -12,7 +12,8 @@ import matplotlib
 import pytest
 
 from parlab import data_parallel as dp
-from parlab.comm import chrome_trace, load_trace, recording, span, Span, trace_summary
+from parlab.comm import chrome_trace, load_trace, trace_summary
+from parlab.launch import recording, span, Span
 from parlab.pipeline import execute, schedule
 
 matplotlib.use("Agg")
@@ -183,15 +184,18 @@ def test_span_records_only_inside_recording():
     with recording(step=3) as outer:
         with span("a", "communication", op="send", peer=1, bytes=8):
             pass
-        with recording() as inner:
+        with recording(stage=1) as inner:
             with span("b"):
                 pass
         with span("c"):
             pass
-    assert [s.name for s in outer.spans] == ["a", "c"] and [s.name for s in inner.spans] == ["b"]
-    a = outer.spans[0]
+    # nested: the inner recording gets its block's spans, the outer one gets them too
+    assert [s.name for s in outer.spans] == ["a", "b", "c"]
+    assert [s.name for s in inner.spans] == ["b"]
+    a, b, c = outer.spans
     assert a.args == {"step": 3, "op": "send", "peer": 1, "bytes": 8} and a.dur_ns >= 0
-    assert outer.spans[1].start_ns >= a.end_ns
+    assert b is inner.spans[0] and b.args == {"step": 3, "stage": 1} and c.args == {"step": 3}
+    assert c.start_ns >= b.end_ns >= b.start_ns >= a.end_ns
 
 
 # --------------------------------------------------------------------------- bad input
@@ -207,7 +211,7 @@ def test_bad_paths_and_arguments_are_clear_errors(book_run, tmp_path):
         chrome_trace(one, path=tmp_path / "missing" / "t.json")
     with pytest.raises(ValueError, match="no spans to export"):
         chrome_trace([[], []])
-    with pytest.raises(TypeError, match=r"spans_by_rank\[1\] must be a list of parlab.comm.Span"):
+    with pytest.raises(TypeError, match=r"spans_by_rank\[1\] must be a list of parlab.launch.Span"):
         chrome_trace([[], ["F0"]])
     with pytest.raises(ValueError, match=r"names must be one string per rank \(1\)"):
         chrome_trace(one, names=["A1", "A2"])

@@ -4,9 +4,9 @@ Everything the chapters say about bytes on wires lives here: ``toy`` (the logged
 ``traffic`` (a run's merged log and its time on a topology), ``cost`` (every collective's
 closed form, one formula each), ``topology`` (GPU names, NVLink, rails and the spine),
 ``mesh`` (the data x pipeline x tensor rank grid and its process groups, used by every hybrid
-run), ``collectives`` (chapter 00's checked collectives), ``spans`` (each rank's compute and
-communication timed inside the rank) and ``trace`` (all ranks' spans as a Chrome trace for
-Perfetto). Imports only :mod:`parlab.launch`.
+run), ``collectives`` (chapter 00's checked collectives) and ``trace`` (all ranks' spans, as
+:mod:`parlab.launch` records them, as a Chrome trace for Perfetto). Imports only
+:mod:`parlab.launch`.
 """
 
 from parlab.comm.traffic import TrafficLog, Transfer
@@ -22,13 +22,11 @@ from parlab.comm.mesh import GROUP_KINDS, Coordinates, Mesh
 from parlab.comm.collectives import COLLECTIVES, one_collective
 from parlab.comm import toy
 from parlab.comm.toy import run_with_traffic
-from parlab.comm.spans import SPAN_CATEGORIES, recording, span, Span, SpanRecorder
 from parlab.comm.trace import chrome_trace, load_trace, save_trace, trace_summary, TRACE_SUFFIXES
 
 __all__ = ["Transfer", "TrafficLog", "ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank",
            "allreduce_steps", "allreduce_time", "bus_bandwidth", "LinkSpec", "NVLINK", "nic",
            "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of",
            "link_type", "LINK_TYPES", "Mesh", "Coordinates", "GROUP_KINDS", "COLLECTIVES",
-           "one_collective", "toy", "run_with_traffic", "SPAN_CATEGORIES", "Span", "SpanRecorder",
-           "span", "recording", "chrome_trace", "save_trace", "load_trace", "trace_summary",
-           "TRACE_SUFFIXES"]
+           "one_collective", "toy", "run_with_traffic", "chrome_trace", "save_trace", "load_trace",
+           "trace_summary", "TRACE_SUFFIXES"]

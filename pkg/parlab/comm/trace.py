@@ -1,6 +1,6 @@
 """A run's timeline as a Chrome trace: the JSON that Perfetto and chrome://tracing open.
 
-Why: :mod:`parlab.comm.spans` times each rank's work inside the rank; this turns the spans of
+Why: :mod:`parlab.launch.spans` times each rank's work inside the rank; this turns the spans of
 all ranks into one file a reader can open at https://ui.perfetto.dev (or chrome://tracing)
 and zoom into, next to the simulated Gantt chart of the same schedule.
 
@@ -28,7 +28,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from parlab.comm.spans import SPAN_CATEGORIES, Span
+from parlab.launch import SPAN_CATEGORIES, Span
 
 __all__ = ["chrome_trace", "save_trace", "load_trace", "trace_summary", "TRACE_SUFFIXES"]
 
@@ -61,11 +61,11 @@ def _check_spans(spans_by_rank, names):
         bad = [s for s in spans if not isinstance(s, Span)] \
             if isinstance(spans, (list, tuple)) else [spans]
         if bad:
-            raise TypeError(f"spans_by_rank[{rank}] must be a list of parlab.comm.Span, "
+            raise TypeError(f"spans_by_rank[{rank}] must be a list of parlab.launch.Span, "
                             f"found {type(bad[0]).__name__} {bad[0]!r}")
     if not any(spans_by_rank):
         raise ValueError("no spans to export: every rank's list is empty (were they "
-                         "recorded inside parlab.comm.recording()?)")
+                         "recorded inside parlab.launch.recording()?)")
     if names is not None and (not isinstance(names, (list, tuple)) or len(names) != len(
             spans_by_rank) or not all(isinstance(n, str) for n in names)):
         raise ValueError(f"names must be one string per rank ({len(spans_by_rank)}), "

@@ -27,7 +27,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from parlab.comm.topology import Topology
-from parlab.launch import last_run
 
 __all__ = ["Transfer", "TrafficLog"]
 
@@ -70,17 +69,21 @@ class TrafficLog:
 
         Records are ordered by group (in order of appearance), call, step, src and dst.
         """
-        sent = [rec for rank, log in enumerate(logs) for rec in log if rec.src == rank]
-        groups = {g: i for i, g in enumerate(dict.fromkeys(rec.group for rec in sent))}
-        return cls(sorted(sent, key=lambda r: (groups[r.group], r.call, r.step, r.src, r.dst)))
+        return cls.merge([cls(rec for rec in log if rec.src == rank)
+                          for rank, log in enumerate(logs)])
 
     @classmethod
-    def from_last_run(cls) -> TrafficLog:
-        """The merged log of the last ``parlab.launch.run(..., backend="toy")`` in this process."""
-        record = last_run()
-        if record is None:
-            raise ValueError("no launch yet: call parlab.launch.run(fn, n, backend='toy') first")
-        return cls.from_rank_logs([extra.get("traffic", []) for extra in record.extras])
+    def merge(cls, logs) -> TrafficLog:
+        """All the records of ``logs`` in one log (nothing is dropped: each rank's report
+        holds only what that rank sent, so no transfer is in two of them).
+
+        How a run's ``.traffic`` is made from every rank's report (the launcher calls this
+        without naming the class). Records are ordered by group (in order of appearance),
+        call, step, src and dst.
+        """
+        records = [rec for log in logs for rec in log.records]
+        groups = {g: i for i, g in enumerate(dict.fromkeys(rec.group for rec in records))}
+        return cls(sorted(records, key=lambda r: (groups[r.group], r.call, r.step, r.src, r.dst)))
 
     def __len__(self) -> int:
         return len(self.records)

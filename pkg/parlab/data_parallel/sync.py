@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parlab.comm import span
+from parlab.launch import span
 from parlab.models import BookMLP
 
 __all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTES",
@@ -191,7 +191,7 @@ def step(model: nn.Module, optimizer, loss_fn, micro_batches, samples: int, *,
     ``keep_local=True`` simulates a rank that lost what its peers sent: it still takes part
     in every all-reduce but updates with its own local gradient, so replicas drift apart
     silently. Returns ``(mean loss of this rank's samples, SyncStats)``. Forward, backward,
-    each bucket's all-reduce and the update are timed as spans (:func:`parlab.comm.span`)
+    each bucket's all-reduce and the update are timed as spans (:func:`parlab.launch.span`)
     when the caller records them.
     """
     world = dist.get_world_size()

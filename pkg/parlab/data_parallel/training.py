@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parlab.comm import chrome_trace, recording, span
+from parlab.comm import chrome_trace
 from parlab.data_parallel.sync import SyncStats, split_batch, step
+from parlab.launch import recording, span
 from parlab.models import BookMLP
 
 __all__ = ["TrainSpec", "RankRun", "make_model", "make_batch", "make_optimizer", "train",

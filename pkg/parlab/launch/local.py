@@ -26,7 +26,7 @@ import cloudpickle
 from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_backend
 from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import rank_main
-from parlab.launch.record import LaunchRecord, remember
+from parlab.launch.result import Run
 from parlab.launch.server import RankProcess, context
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
@@ -35,8 +35,12 @@ __all__ = ["run"]
 
 
 def run(fn: Callable, world_size: int, *args, backend: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT, threads: int | None = None, **kwargs) -> list:
+        timeout: float = DEFAULT_TIMEOUT, threads: int | None = None, **kwargs) -> Run:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return each rank's result, in rank order.
+
+    The :class:`Run` returned is that list of results, and carries what the run saw:
+    ``.outputs``, ``.spans`` (each rank's), ``.traffic`` (with ``backend="toy"``),
+    ``.extras``, ``.seconds``.
 
     Inside ``fn``, ``torch.distributed`` is initialised: ``dist.get_rank()``,
     ``dist.all_reduce(...)`` and friends work, and :func:`rank_device` gives the device.
@@ -94,7 +98,8 @@ def _run_local(payload, world_size, backend, timeout, threads):
             procs.append(proc)
             conns.append(recv)
         # the clock starts when every rank runs: waiting for the forkserver is not their time
-        results, extras = _collect(procs, conns, time.monotonic() + timeout, timeout, workdir)
+        deadline = time.monotonic() + timeout
+        results, extras, spans = _collect(procs, conns, deadline, timeout, workdir)
     finally:
         _stop(procs)
         alive_send.close()
@@ -104,8 +109,8 @@ def _run_local(payload, world_size, backend, timeout, threads):
         outputs = read_outputs(workdir, world_size)
         remove_workdir(workdir)
         _print_outputs(outputs)
-    remember(LaunchRecord(world_size, backend, time.monotonic() - started, outputs, extras))
-    return results
+    return Run(results, world_size=world_size, backend=backend,
+               seconds=time.monotonic() - started, outputs=outputs, extras=extras, spans=spans)
 
 
 #: After the first failure, how long to listen for others before naming the cause.
@@ -119,6 +124,7 @@ def _collect(procs, conns, deadline, timeout, workdir):
     world_size = len(procs)
     results: list[Any] = [None] * world_size
     extras: list[dict] = [{} for _ in range(world_size)]
+    spans: list[list] = [[] for _ in range(world_size)]
     pending, returned = set(range(world_size)), set()
     failures: list[tuple] = []  # (kind, rank, exc_type, text, traceback), in arrival order
     first_failure = None
@@ -145,7 +151,7 @@ def _collect(procs, conns, deadline, timeout, workdir):
                 if message[0] == "returned":
                     returned.add(rank)
                 elif message[0] == "ok":
-                    results[rank], extras[rank] = message[1], message[2]
+                    results[rank], extras[rank], spans[rank] = message[1:4]
                     pending.discard(rank)
                 elif message[0] == "error":
                     failures.append(("raised", rank) + tuple(message[1:]))
@@ -169,7 +175,7 @@ def _collect(procs, conns, deadline, timeout, workdir):
             "is just slow, pass a larger timeout=.",
             pending=ranks, outputs=read_outputs(workdir, world_size),
         )
-    return results, extras
+    return results, extras, spans
 
 
 def _raise_failure(failures, world_size, workdir):

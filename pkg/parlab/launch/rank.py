@@ -1,8 +1,9 @@
 """The rank side of a local launch: what each forked process does from start to exit.
 
-A rank joins the process group through a file store, runs ``fn``, sends its result (or its
-exception and traceback) down a pipe, and exits. It watches a second pipe so that it dies
-with its caller, and it leads its own process group: when it ends it takes with it
+A rank joins the process group through a file store, runs ``fn`` (recording its spans),
+calls the registered reports (:mod:`parlab.launch.reports`), sends its result, reports and
+spans (or its exception and traceback) down a pipe, and exits. It watches a second pipe so
+that it dies with its caller, and it leads its own process group: when it ends it takes with it
 whatever it started (a ``subprocess.Popen`` left running), and the caller can kill the
 whole group of a rank that hangs or dies.
 """
@@ -22,7 +23,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from parlab.launch.record import collectors
+from parlab.launch.reports import collect_reports, start_reports
+from parlab.launch.spans import recording
 
 __all__ = ["rank_main"]
 
@@ -82,13 +84,15 @@ def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s), **options)
+        start_reports()
         dist.barrier()
-        result = fn(*args, **kwargs)
+        with recording() as recorder:  # every span fn records goes home as well
+            result = fn(*args, **kwargs)
         result_conn.send_bytes(cloudpickle.dumps(("returned",)))
-        extras = {name: collect() for name, collect in collectors().items()}
+        extras = collect_reports()
         dist.barrier()  # every rank finished fn before anyone tears the group down
         dist.destroy_process_group()
-        message = cloudpickle.dumps(("ok", result, extras))
+        message = cloudpickle.dumps(("ok", result, extras, recorder.spans))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
         frames = exc.__traceback__.tb_next or exc.__traceback__  # drop this wrapper's frame
         tb = "".join(traceback.format_exception(type(exc), exc, frames))

@@ -9,10 +9,11 @@ the job is joined only when all of them are set and (where ``/proc`` tells) the 
 process does not carry the same identity. Otherwise :func:`parlab.launch.run` launches
 locally and warns once, naming the variables it ignores.
 
-Under torchrun, ``run`` calls ``fn`` once in this process, all-gathers every rank's result,
-exception and collector values (so ``run_with_traffic`` works), and files the launch as
-:func:`parlab.launch.last_run`. The process group is made on the first call and made again
-when a later call asks for another backend or timeout.
+Under torchrun, ``run`` calls ``fn`` once in this process (recording its spans),
+all-gathers every rank's result or exception, reports and spans (so ``run_with_traffic``
+works), and returns the same :class:`parlab.launch.Run` as a local launch. The process
+group is made on the first call and made again when a later call asks for another backend
+or timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch.errors import RankError
-from parlab.launch.record import LaunchRecord, collectors, remember
+from parlab.launch.reports import collect_reports, start_reports
+from parlab.launch.result import Run
+from parlab.launch.spans import recording
 
 __all__ = ["run_under_torchrun", "under_torchrun", "warn_stale_environment", "TORCHRUN_VARIABLES"]
 
@@ -92,9 +95,10 @@ def run_under_torchrun(fn, world_size, backend, timeout, args, kwargs):
     started = time.monotonic()
     _join(backend, float(timeout))
     try:
-        result = fn(*args, **kwargs)
-        extras = {name: collect() for name, collect in collectors().items()}
-        message = cloudpickle.dumps(("ok", result, extras))
+        start_reports()
+        with recording() as recorder:
+            result = fn(*args, **kwargs)
+        message = cloudpickle.dumps(("ok", result, collect_reports(), recorder.spans))
     except Exception as exc:  # noqa: BLE001 - every rank must learn which rank failed
         tb = traceback.format_exc()
         message = cloudpickle.dumps(("error", type(exc).__name__, str(exc), tb))
@@ -109,9 +113,9 @@ def run_under_torchrun(fn, world_size, backend, timeout, args, kwargs):
         raise RankError(f"rank {rank} raised {exc_type}: {text}{others}\n\n"
                         f"--- traceback of rank {rank} ---\n{tb}",
                         rank=rank, exc_type=exc_type, rank_traceback=tb)
-    remember(LaunchRecord(env_world, backend, time.monotonic() - started, [""] * env_world,
-                          [m[2] for m in messages]))
-    return [m[1] for m in messages]
+    return Run([m[1] for m in messages], world_size=env_world, backend=backend,
+               seconds=time.monotonic() - started, outputs=[""] * env_world,
+               extras=[m[2] for m in messages], spans=[m[3] for m in messages])
 
 
 def _join(backend: str, timeout: float) -> None:

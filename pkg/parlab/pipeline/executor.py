@@ -9,7 +9,7 @@ step and moves activations forward and errors backward with ``dist.send``/``dist
 what it computed and sent; :func:`execute` returns the logs and the gradients, and checks
 both: the log against the simulation, the gradients against one process training on the
 whole batch. Each rank also times every action and every send/recv
-(:func:`parlab.comm.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
+(:func:`parlab.launch.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
 timeline, the real counterpart of the simulated Gantt chart.
 
 The runner's docstring says why no schedule can deadlock.
@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import chrome_trace
-from parlab.pipeline.runner import run_schedule, split_layers
 from parlab.checks import check_count
+from parlab.pipeline.runner import run_schedule, split_layers
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from parlab.comm import recording, span
+from parlab.launch import recording, span
 from parlab.checks import check_count
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, StageTransfer, simulate

@@ -31,6 +31,7 @@ Importing :mod:`parlab` registers the backend; nothing here touches a tensor at 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch.distributed as dist
 
@@ -40,7 +41,7 @@ from parlab.comm.traffic import TrafficLog, Transfer
 from parlab.launch import register_collector, run
 
 __all__ = ["set_algorithm", "get_algorithm", "algorithm", "set_label", "transfers",
-           "clear_transfers", "register", "run_with_traffic"]
+           "clear_transfers", "register", "sent_log", "run_with_traffic"]
 
 
 def set_algorithm(name: str, group=None) -> None:
@@ -85,6 +86,7 @@ def clear_transfers() -> None:
     of a group must agree on.)
     """
     STATE.log.clear()
+    STATE.run_start = 0
     for group in STATE.groups:
         group._shown_from = group._calls
         group._pairs.clear()
@@ -108,10 +110,29 @@ def _create(options, pg_options=None) -> ToyProcessGroup:
 
 def register() -> None:
     """Make ``init_process_group("toy")`` and ``new_group(..., backend="toy")`` work, and have
-    :func:`parlab.launch.run` bring every rank's log home (``last_run().extras[r]["traffic"]``).
+    :func:`parlab.launch.run` bring every rank's log home: after ``fn``, each rank reports
+    what it sent (:func:`sent_log`), and the run's ``.traffic`` merges the reports.
     """
     dist.Backend.register_backend("toy", _create, extended_api=True, devices=["cpu", "cuda"])
-    register_collector("traffic", transfers)
+    register_collector("traffic", sent_log, start=_mark_run_start)
+
+
+def _mark_run_start() -> None:
+    """Called by the launcher as each rank's group comes up: the run's log begins here."""
+    STATE.run_start = len(STATE.log)
+
+
+def sent_log() -> TrafficLog | None:
+    """What this rank sent in the current launch, as a :class:`TrafficLog`; None when it used
+    no toy group.
+
+    (Each message is in the log of both ends; keeping the sender's copy counts it once.)
+    """
+    log = STATE.log[STATE.run_start:]
+    if not (log or isinstance(dist.group.WORLD, ToyProcessGroup)):
+        return None
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    return TrafficLog(rec for rec in log if rec.src == rank)
 
 
 def _traced(fn, algorithm, args, kwargs):
@@ -125,6 +146,9 @@ def _traced(fn, algorithm, args, kwargs):
 def run_with_traffic(fn, world_size: int, *args, algorithm: str | None = None, **kwargs):
     """Run ``fn`` on ``world_size`` ranks with backend "toy"; return (results, TrafficLog).
 
+    ``results`` is the :class:`parlab.launch.Run` (a list of the ranks' results) and the log
+    is its ``.traffic``: every message of this run, and of no other.
+
     ``algorithm`` sets every rank's default ("ring", "naive", "tree"); ``timeout`` and
     ``threads`` go to :func:`parlab.launch.run`, other keyword arguments to ``fn``.
     """
@@ -132,4 +156,4 @@ def run_with_traffic(fn, world_size: int, *args, algorithm: str | None = None, *
         valid(algorithm)
     options = {k: kwargs.pop(k) for k in ("timeout", "threads") if k in kwargs}
     results = run(_traced, world_size, fn, algorithm, args, kwargs, backend="toy", **options)
-    return results, TrafficLog.from_last_run()
+    return results, results.traffic

@@ -29,6 +29,7 @@ class _State:
     default: str = "ring"  # set_algorithm(name)
     stack: list = field(default_factory=list)  # `with algorithm(name):` blocks
     groups: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live toy groups
+    run_start: int = 0  # where the current launch begins in ``log``
 
     def algorithm_for(self, group) -> str:
         """The innermost ``with algorithm``, else the group's choice, else the process default."""

@@ -3,7 +3,7 @@
 Why: the simulator draws a pipeline as a table of equal time steps, and the traffic log
 says what was sent but not when. A *span* is one measured piece of a rank's work: a
 forward pass, a ``send``, an ``all_reduce``, with its start and duration. Collected from
-every rank they make the real timeline of a run (:mod:`parlab.comm.trace` writes it as a
+every rank they make the real timeline of a run (``parlab.comm.chrome_trace`` writes it as a
 Chrome trace), where waiting and overlap show up as gaps and long receives.
 
 Inside a rank::
@@ -14,10 +14,13 @@ Inside a rank::
         with span("send", "communication", op="send", peer=1, bytes=32):
             dist.send(t, 1)
 
-Library code calls :func:`span` unconditionally: outside :func:`recording` it returns a
-shared do-nothing context manager (one global lookup, no clock read), so code that is
-timed in one run costs nothing measurable in another. A recorder belongs to its process;
-ranks run one thread each, so there is no locking.
+Every rank that :func:`parlab.launch.run` starts records while ``fn`` runs: the run's
+``.spans[r]`` holds rank r's spans, with no code of yours. Library code calls :func:`span`
+unconditionally: outside any recording (in the notebook's own process) it returns a shared
+do-nothing context manager (one global lookup, no clock read). Recordings nest: a span goes
+to every recording that is open, so code that records its own spans inside ``fn`` (the
+pipeline executor, data-parallel training) still gets exactly them, and the run gets them
+too. A recorder belongs to its process; ranks run one thread each, so there is no locking.
 
 Clock: ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux, the same system-wide clock on
 macOS). All processes of one machine read the same clock, so the spans of ranks started
@@ -62,13 +65,21 @@ class Span:
         return self.start_ns + self.dur_ns
 
 
+def _check(name, cat) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a span's name must be a non-empty string, got {name!r}")
+    if cat not in SPAN_CATEGORIES:
+        raise ValueError(f"a span's cat must be one of {SPAN_CATEGORIES}, got {cat!r}")
+
+
 class _Timed:
-    """The context manager of one span while recording: reads the clock at enter and exit."""
+    """The context manager of one span while recording: reads the clock at enter and exit,
+    and gives the span to each of ``recorders``."""
 
-    __slots__ = ("recorder", "name", "cat", "args", "start")
+    __slots__ = ("recorders", "name", "cat", "args", "start")
 
-    def __init__(self, recorder, name, cat, args):
-        self.recorder, self.name, self.cat, self.args = recorder, name, cat, args
+    def __init__(self, recorders, name, cat, args):
+        self.recorders, self.name, self.cat, self.args = recorders, name, cat, args
 
     def __enter__(self):
         self.start = time.perf_counter_ns()
@@ -76,8 +87,9 @@ class _Timed:
 
     def __exit__(self, *exc) -> bool:
         end = time.perf_counter_ns()
-        self.recorder.spans.append(Span(self.name, self.cat, self.start, end - self.start,
-                                        self.args))
+        timed = Span(self.name, self.cat, self.start, end - self.start, self.args)
+        for recorder in self.recorders:
+            recorder.spans.append(timed)
         return False  # a span that raised is still recorded, and the error goes on
 
 
@@ -94,7 +106,7 @@ class _Off:
 
 
 _OFF = _Off()
-_active: "SpanRecorder | None" = None
+_active: "tuple[SpanRecorder, ...]" = ()  # the open recordings, outermost first
 
 
 class SpanRecorder:
@@ -107,31 +119,38 @@ class SpanRecorder:
         self.tags = dict(tags)
 
     def span(self, name: str, cat: str = "compute", **args):
-        """A context manager that times its body as one span."""
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"a span's name must be a non-empty string, got {name!r}")
-        if cat not in SPAN_CATEGORIES:
-            raise ValueError(f"a span's cat must be one of {SPAN_CATEGORIES}, got {cat!r}")
-        return _Timed(self, name, cat, {**self.tags, **args})
+        """A context manager that times its body as one span of this recorder only."""
+        _check(name, cat)
+        return _Timed((self,), name, cat, {**self.tags, **args})
 
 
 def span(name: str, cat: str = "compute", **args):
-    """Time the ``with`` body as a span of the active recorder; do nothing when none records."""
-    recorder = _active
-    if recorder is None:
+    """Time the ``with`` body as a span of every open recording; do nothing when none records.
+
+    Its ``args`` are the tags of the open recordings (an inner one's win over an outer
+    one's), then ``args``.
+    """
+    recorders = _active
+    if not recorders:
         return _OFF
-    return recorder.span(name, cat, **args)
+    _check(name, cat)
+    tags = {}
+    for recorder in recorders:
+        tags.update(recorder.tags)
+    return _Timed(recorders, name, cat, {**tags, **args})
 
 
 @contextmanager
 def recording(**tags):
     """Record this process's spans until the ``with`` block ends; yields the recorder.
 
-    A nested ``recording`` collects its own spans and hands recording back to the outer one.
+    A nested ``recording`` collects the spans of its own block; the outer one keeps getting
+    them too, and goes on alone after the inner block ends.
     """
     global _active
-    previous, _active = _active, SpanRecorder(**tags)
+    recorder = SpanRecorder(**tags)
+    previous, _active = _active, _active + (recorder,)
     try:
-        yield _active
+        yield recorder
     finally:
         _active = previous
