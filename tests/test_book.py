@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from parlab import book, figures
+from parlab.tools import book, figures
 
 CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
 from parlab.exercises import Verdict, check, list_exercises

@@ -1,10 +1,10 @@
-"""``python -m parlab.figures`` regenerates every figure the chapters draw, as PNG in figures/.
+"""``python -m parlab.tools.figures`` regenerates every figure the chapters draw, as PNG in figures/.
 
 A maintainers' tool: readers never import it. Each chapter's drawing code registers its
 figures under the book's numbering (``fig-8-07-pipeline-step-5``) with
 :func:`parlab.viz.registry.figure`; this command imports every plot module and draws them.
 
-    python -m parlab.figures [--list] [--out FOLDER] [PATTERN ...]
+    python -m parlab.tools.figures [--list] [--out FOLDER] [PATTERN ...]
 
 The output folder defaults to ``./figures`` under the current directory.
 """
@@ -55,7 +55,7 @@ def render(names=None, directory: Path | None = None, progress: bool = True) -> 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parlab.figures", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m parlab.tools.figures", description=__doc__)
     parser.add_argument("patterns", nargs="*", help="only figures matching these globs")
     parser.add_argument("--out", type=Path, default=None, help="folder (default: ./figures)")
     parser.add_argument("--list", action="store_true", help="list the figures and exit")
