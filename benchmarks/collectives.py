@@ -2,6 +2,7 @@
 
     python benchmarks/collectives.py                  # 2 and 4 ranks; 1, 16, 64 MiB float32
     python benchmarks/collectives.py --ranks 2 --mib 16 --repeats 21
+    python benchmarks/collectives.py --quick          # 2 ranks, 1/16 MiB, one repeat: a smoke run
 
 Both backends run inside the same ranks: the world is a toy group and a gloo group over
 the same ranks is created beside it, and the two are timed alternately, so a busy machine
@@ -20,8 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from parlab.comm import bus_bandwidth
 from parlab.comm.toy import backend as toy_backend, wire as toy_wire
-from parlab.comm import traffic
 from parlab.launch import run
 
 
@@ -33,7 +34,7 @@ def _time_both(sizes_mib, repeats, warmup, piece_kib):
     toy_backend.set_algorithm("ring")
     times = {}
     for mib in sizes_mib:
-        tensor = torch.zeros(mib * 2**20 // 4)  # zeros: repeated sums never overflow
+        tensor = torch.zeros(int(mib * 2**20) // 4)  # zeros: repeated sums never overflow
         samples = {"toy": [], "gloo": []}
         for i in range(warmup + repeats):
             for name, group in (("toy", None), ("gloo", gloo)):
@@ -62,12 +63,12 @@ def measure(ranks, sizes_mib, repeats, warmup=2, piece_kib=None):
 
 
 def table(rows) -> str:
-    head = (f"{'ranks':>5} {'MiB':>5} {'gloo ms':>9} {'toy ms':>9} {'toy/gloo':>9} "
+    head = (f"{'ranks':>5} {'MiB':>6} {'gloo ms':>9} {'toy ms':>9} {'toy/gloo':>9} "
             f"{'toy busbw GB/s':>15}")
     lines = [head, "-" * len(head)]
     for ranks, mib, gloo_s, toy_s in rows:
-        busbw = traffic.bus_bandwidth("all_reduce", mib * 2**20, toy_s, ranks) / 1e9
-        lines.append(f"{ranks:>5} {mib:>5} {gloo_s * 1e3:>9.2f} {toy_s * 1e3:>9.2f} "
+        busbw = bus_bandwidth("all_reduce", mib * 2**20, toy_s, ranks) / 1e9
+        lines.append(f"{ranks:>5} {mib:>6g} {gloo_s * 1e3:>9.2f} {toy_s * 1e3:>9.2f} "
                      f"{toy_s / gloo_s:>9.2f} {busbw:>15.2f}")
     return "\n".join(lines)
 
@@ -75,12 +76,18 @@ def table(rows) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--mib", type=float, nargs="+", default=[1, 16, 64],
+                        help="tensor sizes in MiB (fractions allowed, e.g. 0.0625)")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--piece-kib", type=int, default=None,
                         help="smallest pipelined piece of the toy ring, in KiB "
                              "(default: toy_wire.PIECE_BYTES)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run in seconds: 2 ranks, 1/16 MiB, one repeat "
+                             "(tests/test_benchmarks.py); its numbers mean nothing")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.ranks, args.mib, args.repeats = [2], [1 / 16], 1
     rows = []
     for ranks in args.ranks:
         rows += measure(ranks, args.mib, args.repeats, piece_kib=args.piece_kib)

@@ -13,7 +13,7 @@ def book_site(tmp_path_factory):
     """The HTML edition of the committed chapters, built once per test session."""
     from pathlib import Path
 
-    from parlab import book
+    from parlab.tools import book
 
     out = tmp_path_factory.mktemp("site") / "html"
     book.to_html(out, Path(__file__).resolve().parents[1] / "chapters")

@@ -142,7 +142,7 @@ def test_exercises_01_1_and_01_2_accept_the_right_answer_and_never_print_it():
 def test_chapter_figures_and_calculator_widget_draw(tmp_path, capsys):
     import matplotlib
     matplotlib.use("Agg", force=True)
-    from parlab import figures
+    from parlab.tools import figures
     from parlab.viz.widgets.memory import draw_memory
 
     names = [n for n in figures.registry() if n.startswith(("fig-8-01", "fig-01"))]

@@ -146,7 +146,7 @@ def test_compare_counts_memory_in_bytes_through_parlab_memory():
 
 
 def test_figures_are_registered_under_the_books_numbers():
-    from parlab import figures
+    from parlab.tools import figures
     names = set(figures.registry())
     expected = {f"fig-8-{s + 2:02d}-pipeline-step-{s}" for s in range(1, 12)}
     expected |= {"fig-8-14-pipeline-data-sync", "fig-03-schedule-comparison",

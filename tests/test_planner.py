@@ -235,7 +235,7 @@ def test_placement_and_layout_figures_draw():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from parlab import figures
+    from parlab.tools import figures
     from parlab.viz.plots.planner import candidates
     from parlab.viz.plots import layouts_figure, placement_figure
     assert {"fig-05-planner-layouts", "fig-05-rank-placement", "fig-05-cnn-compute-vs-params",

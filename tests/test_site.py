@@ -10,7 +10,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-from parlab import book, site
+from parlab.tools import book, site
 from parlab.viz import glue
 
 REPO = Path(__file__).resolve().parents[1]

@@ -118,7 +118,7 @@ def test_chapter_04_solutions_agree_with_the_checkers():
 
 
 def test_chapter_figures_are_registered():
-    from parlab import figures
+    from parlab.tools import figures
     names = set(figures.registry())
     assert {"fig-8-17-qkv-sharding", "fig-8-18-attention-tensor-parallel",
             "fig-8-19-ffn-tensor-pipeline", "fig-04-attention-bytes"} <= names

@@ -8,7 +8,7 @@ what the code computes. Three pieces keep it honest:
    readers), so nbval re-checks it on every run like any other output;
 2. the prose writes the same text inside ``<span data-glue="ring_bytes">96</span>``, which
    JupyterLab shows as plain text;
-3. ``parlab.site`` fails when a span's text differs from its record, and the book site
+3. ``parlab.tools.site`` fails when a span's text differs from its record, and the book site
    turns each span into MyST-NB's ``{glue:text}`` role, so the HTML edition prints the
    recorded value itself.
 """

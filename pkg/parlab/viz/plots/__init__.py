@@ -1,7 +1,7 @@
 """matplotlib drawings of the book's figures, one module per chapter. They draw; they do not compute.
 
 Each function takes what a run or a calculator returned and draws it; each module registers
-its figures (:func:`parlab.viz.registry.figure`) so ``python -m parlab.figures`` finds them.
+its figures (:func:`parlab.viz.registry.figure`) so ``python -m parlab.tools.figures`` finds them.
 """
 
 from parlab.viz.plots.basics import show_collective

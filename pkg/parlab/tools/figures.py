@@ -1,12 +1,16 @@
-"""``python -m parlab.figures`` regenerates every figure the chapters draw, as PNG in figures/.
+"""``python -m parlab.tools.figures`` regenerates every figure the chapters draw, as PNG.
 
 A maintainers' tool: readers never import it. Each chapter's drawing code registers its
 figures under the book's numbering (``fig-8-07-pipeline-step-5``) with
 :func:`parlab.viz.registry.figure`; this command imports every plot module and draws them.
 
-    python -m parlab.figures [--list] [--out FOLDER] [PATTERN ...]
+    python -m parlab.tools.figures [--list] [--out FOLDER] [PATTERN ...]
 
 The output folder defaults to ``./figures`` under the current directory.
+
+The PNGs are the same bytes on every run on one machine (Agg, a fixed dpi, and no
+``Software`` text chunk, so a new matplotlib version alone does not change a file);
+``tests/test_figures_current.py`` compares the committed ones with a fresh rendering.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from typing import Callable
 
 from parlab.viz import plots, registered
 
-__all__ = ["registry", "render", "main"]
+__all__ = ["registry", "render", "main", "DPI", "METADATA"]
+
+#: Dots per inch of every PNG.
+DPI = 110
+#: PNG text chunks: none, so the bytes carry no matplotlib version (and no date: PNGs have none).
+METADATA = {"Software": None}
 
 
 def registry() -> dict[str, tuple[str, Callable]]:
@@ -48,14 +57,14 @@ def render(names=None, directory: Path | None = None, progress: bool = True) -> 
     for name in tqdm(names, desc="figures", unit="fig", disable=not progress):
         fig = figures[name][1]()
         path = directory / f"{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata=METADATA)
         plt.close(fig)
         written.append(path)
     return written
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parlab.figures", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m parlab.tools.figures", description=__doc__)
     parser.add_argument("patterns", nargs="*", help="only figures matching these globs")
     parser.add_argument("--out", type=Path, default=None, help="folder (default: ./figures)")
     parser.add_argument("--list", action="store_true", help="list the figures and exit")

@@ -1,8 +1,8 @@
 """Maintainers' tool for the chapters: build (execute) notebooks, check their pairs, make HTML.
 
-    python -m parlab.book build [chapters/03_*.py ...]   .py -> executed .ipynb -> .py again
-    python -m parlab.book check [--chapters DIR]         fail if a notebook and its .py differ
-    python -m parlab.book html [--chapters DIR] [--out build/html]   the book site (Sphinx)
+    python -m parlab.tools.book build [chapters/03_*.py ...]   .py -> executed .ipynb -> .py again
+    python -m parlab.tools.book check [--chapters DIR]         fail if a notebook and its .py differ
+    python -m parlab.tools.book html [--chapters DIR] [--out build/html]   the book site (Sphinx)
 
 A maintainers' tool: readers never import it. It works from any directory: the chapters
 folder defaults to ``./chapters`` and the HTML edition to ``./build/html``.
@@ -64,10 +64,10 @@ def unpaired(folder: Path | None = None) -> list[str]:
         if not pair.exists():
             problems.append(f"{notebook.name}: no {pair.name}")
         elif _comparable(pair.read_text()) != _comparable(paired_text(notebook)):
-            problems.append(f"{notebook.name} and {pair.name} differ (run python -m parlab.book build)")
+            problems.append(f"{notebook.name} and {pair.name} differ (run python -m parlab.tools.book build)")
     for pair in sorted(folder.glob("[0-9][0-9]_*.py")):
         if not pair.with_suffix(".ipynb").exists():
-            problems.append(f"{pair.name}: no notebook (run python -m parlab.book build {pair})")
+            problems.append(f"{pair.name}: no notebook (run python -m parlab.tools.book build {pair})")
     return problems
 
 
@@ -163,9 +163,9 @@ def build(sources: list[Path], timeout: int = 900) -> None:
 
 
 def to_html(out: Path, folder: Path | None = None) -> Path:
-    """Build the HTML edition, a book site of the executed chapters (see :mod:`parlab.site`);
+    """Build the HTML edition, a book site of the executed chapters (see :mod:`parlab.tools.site`);
     return its index page."""
-    from parlab.site import build_site
+    from parlab.tools.site import build_site
 
     return build_site(Path(out), chapters(folder))
 
@@ -174,20 +174,20 @@ def main(argv=None) -> int:
     try:
         return _main(argv)
     except FileNotFoundError as exc:
-        print(f"python -m parlab.book: {exc}", file=sys.stderr)
+        print(f"python -m parlab.tools.book: {exc}", file=sys.stderr)
         return 2
     except (ValueError, RuntimeError) as exc:  # prose that drifted, or Sphinx's warnings
-        print(f"python -m parlab.book: {exc}", file=sys.stderr)
+        print(f"python -m parlab.tools.book: {exc}", file=sys.stderr)
         return 1
     except ImportError as exc:
-        print(f"python -m parlab.book needs the maintainers' tools ({exc.name} is missing): "
+        print(f"python -m parlab.tools.book needs the maintainers' tools ({exc.name} is missing): "
               f"pip install 'parlab[tools]', or the repository's requirements.txt",
               file=sys.stderr)
         return 2
 
 
 def _main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parlab.book", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m parlab.tools.book", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="execute chapters from their .py and re-pair them")

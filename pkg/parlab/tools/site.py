@@ -1,6 +1,6 @@
 """The HTML edition: the chapters as a book site, built offline from their stored outputs.
 
-    python -m parlab.book html [--chapters DIR] [--out build/html]
+    python -m parlab.tools.book html [--chapters DIR] [--out build/html]
 
 The stack is the one under Jupyter Book 1: Sphinx, MyST-NB (notebooks as Sphinx documents)
 and sphinx-book-theme (navigation, full-text search, previous/next links). Nothing is
@@ -36,7 +36,7 @@ _WIDGET = "application/vnd.jupyter.widget-view+json"
 _CHAPTER_REF = re.compile(r"\b([Cc]hapters? )(\d\d)\b")
 _CODE_OR_LINK = re.compile(r"(`[^`]*`|\[[^\]]*\]\([^)]*\)|<[^>]+>)")
 
-CONF = '''# Written by parlab.site for one build; see that module.
+CONF = '''# Written by parlab.tools.site for one build; see that module.
 project = "parlab"
 author = "the parlab authors"
 copyright = "the parlab authors"

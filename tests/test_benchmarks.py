@@ -1,0 +1,52 @@
+"""Every script in benchmarks/ still runs: each once, in its ``--quick`` mode, as a subprocess.
+
+The benchmarks are measurements, never assertions, so nothing here checks a time. What it
+catches is a script that no longer starts (an import that moved, a renamed function): the
+scripts are found by glob, so a new one is covered as soon as it exists, and it must offer
+``--quick`` (2 ranks, the smallest size, one repeat) and say in ``OUTPUT`` which line of its
+output shows that it measured something.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import parlab
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "benchmarks").glob("*.py"))
+
+#: What each script prints once it has measured: a table's header, or its one result line.
+OUTPUT = {
+    "collectives.py": "ranks    MiB   gloo ms    toy ms  toy/gloo  toy busbw GB/s",
+    "launch.py": "2-rank launch (gloo, one all_reduce): first ",
+}
+
+
+def test_the_benchmarks_are_found():
+    assert SCRIPTS, f"no benchmarks/*.py under {REPO}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_benchmark_runs_quickly(script):
+    if '"--quick"' not in script.read_text():
+        pytest.fail(f"benchmarks/{script.name} has no --quick mode: add one (2 ranks, the "
+                    f"smallest size, one repeat) so that this test runs it in seconds")
+    if script.name not in OUTPUT:
+        pytest.fail(f"benchmarks/{script.name}: add the line its --quick run prints (a table's "
+                    f"header) to OUTPUT in {Path(__file__).name}")
+    env = dict(os.environ)
+    # the same parlab as the tests', before whatever PYTHONPATH already holds
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(parlab.__file__).resolve().parents[1])]
+        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out = subprocess.run([sys.executable, str(script), "--quick"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, (f"benchmarks/{script.name} --quick exited with "
+                                 f"{out.returncode}:\n{out.stdout}\n{out.stderr}")
+    assert OUTPUT[script.name] in out.stdout, (
+        f"benchmarks/{script.name} --quick did not print {OUTPUT[script.name]!r}; "
+        f"it printed:\n{out.stdout}")
