@@ -79,8 +79,7 @@ def test_build_makes_a_device_mesh_whose_groups_are_this_ranks_lines(backend):
         for kind, members in groups.items():
             assert rank in members and members in mesh.group_ranks(kind)
     if backend == "toy":  # each group's messages carry its label in the traffic log
-        from parlab.comm import TrafficLog
-        log = results.traffic if hasattr(results, "traffic") else TrafficLog.from_last_run()
+        log = results.traffic
         assert {r.group for r in log.filter(op="all_reduce").records} == {"tensor 0", "data 0"}
 
 
