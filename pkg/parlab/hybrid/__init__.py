@@ -5,9 +5,9 @@ a Hugging Face config, on a cluster: memory, step time, recompute on or off; ``a
 lists what it takes as given; ``explain`` says why the winner wins, in words),
 ``placement`` (where each rank of a layout sits on a rail-optimized cluster), ``parallel3d``
 (a real 2 x 2 x 2 job equal to one process), ``cnn`` and ``cnn_step`` (the slides' CNN
-advice measured, and a data + tensor parallel step run), ``summary`` (the slides' pros and
-cons, each with a number), ``copies`` (how many GPUs one model copy needs under chapter 01's
-assumptions and under the planner's, side by side). Imports every subpackage below it:
+advice measured, and a data + tensor parallel step run). The slides' summary and the
+copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
+(:mod:`parlab.experiments`). Imports every subpackage below it:
 launch, comm, models, memory, pipeline, tensor_parallel.
 """
 
@@ -20,11 +20,8 @@ from parlab.hybrid.cnn import (
     TENSOR_SPLITS, assignment_bytes, crossover_batch, hybrid_traffic, HybridTraffic
 )
 from parlab.hybrid.cnn_step import hybrid_step
-from parlab.hybrid.summary import summary_table, summary_text, SummaryRow
-from parlab.hybrid.copies import copy_sizes, copy_table, CopySize
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
            "Run3D", "run_3d", "crossover_batch", "assignment_bytes", "HybridTraffic",
-           "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "SummaryRow", "summary_table",
-           "summary_text", "copy_sizes", "copy_table", "CopySize"]
+           "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step"]

@@ -1,9 +1,9 @@
 """Pipeline parallelism (chapter 03, Figures 8-3 to 8-14): schedules, simulator, executor.
 
 ``schedules`` (schedules as per-rank action lists: book, naive, GPipe, 1F1B, interleaved),
-``simulator`` (the per-step table, bubble and in-flight activations of a schedule), ``book``
-(the chapter's own wording and the slips in its step lists), ``executor`` (a schedule run on
-real ranks, logged step by step), ``hybrid`` (pipeline + data parallelism, and
+``simulator`` (the per-step table, bubble and in-flight activations of a schedule),
+``notation`` (the chapter's labels: F1/E1, y1 A1->A2, one time step in words),
+``executor`` (a schedule run on real ranks, logged step by step), ``hybrid`` (pipeline + data parallelism, and
 ``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
 numbers), ``slots`` (actions against busy slots: the book's doubled steps, and the same
 schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
@@ -12,9 +12,7 @@ schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.c
 
 from parlab.pipeline.schedules import SCHEDULES, Action, from_order, Schedule, schedule
 from parlab.pipeline.simulator import Event, simulate, Simulation, stage_gpu_names, StageTransfer
-from parlab.pipeline.book import (
-    action_code, ACTION_CODES, BOOK_ACTIVE_PERCENT, BOOK_STEPS, describe_step, errata, Erratum
-)
+from parlab.pipeline.notation import action_code, ACTION_CODES, describe_step, transfer_label
 from parlab.pipeline.executor import execute, Execution, Network, reference
 from parlab.pipeline.hybrid import (
     HybridRun, our_action_order, pipeline_data_parallel, SYNC_FORMAT, SyncPair, torch_pipelining,
@@ -29,8 +27,7 @@ from parlab.pipeline.tradeoffs import (
 
 __all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTransfer", "Event",
            "Simulation", "simulate", "stage_gpu_names", "action_code", "ACTION_CODES",
-           "describe_step", "BOOK_STEPS",
-           "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
+           "describe_step", "transfer_label", "Network", "Execution", "execute",
            "reference", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
            "TorchRun", "torch_pipelining", "our_action_order", "compare", "comparison_table",
            "ScheduleCost",
