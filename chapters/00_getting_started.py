@@ -321,7 +321,7 @@ show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks,
 # <span data-glue="explorer_ranks">4</span> ranks.
 
 # %%
-from parlab.viz.widgets import collective_explorer
+from parlab.experiments import collective_explorer
 
 explorer = collective_explorer()
 ranks_slider = explorer.controls["ranks"]

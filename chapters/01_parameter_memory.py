@@ -276,7 +276,7 @@ for model, shape in ((BookMLP((64, 256, 256, 10)), (32,)), (small, (4, 64))):
 # activations are the largest part.
 
 # %%
-from parlab.viz.plots import model_sizes_figure
+from parlab.experiments import model_sizes_figure
 
 shape = (8, 1024)  # sequences x tokens
 glue("sizes_batch", shape[0])
@@ -314,11 +314,11 @@ print(plan.breakdown.table())
 # all but one stage wait at any moment. A real step of GPT-3 trains
 # <span data-glue="copy_step_batch">1,536</span> sequences and cuts them into many
 # micro-batches so that the stages work at once; under 1F1B (chapter 03) the first stage
-# then keeps as many micro-batches as there are stages. `parlab.hybrid.copy_sizes` changes one
+# then keeps as many micro-batches as there are stages. `parlab.experiments.copy_sizes` changes one
 # assumption at a time:
 
 # %%
-from parlab.hybrid import copy_sizes, copy_table
+from parlab.experiments import copy_sizes, copy_table
 
 cluster = 1024  # GPUs, as in chapter 05
 sizes = copy_sizes("GPT-3 175B", small_batch=8, global_batch=1536, gpus=cluster)

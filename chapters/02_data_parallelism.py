@@ -63,10 +63,11 @@ import torch
 import torch.distributed as dist
 
 from parlab import data_parallel as dp
+from parlab.experiments import FIGURE_8_2
 from parlab.launch import RankError, run
 from parlab.viz import glue, show
 
-batch = dp.FIGURE_8_2  # the batch of the figure's run in section 2
+batch = FIGURE_8_2  # the batch of the figure's run in section 2
 for rank, shares in enumerate(dp.split_batch(batch.samples, batch.micro_batches, world_size=2)):
     print(f"rank {rank}: micro-batches (first sample, last sample + 1) = {shares}")
 glue("split_micro", batch.micro_batches)
@@ -112,7 +113,7 @@ print(dp.split_batch(samples=14, micro_batches=7, world_size=2, uneven=True))
 
 # %%
 from parlab.viz.plots import figure_8_2
-from parlab.data_parallel import run_figure_8_2
+from parlab.experiments import run_figure_8_2
 
 book = run_figure_8_2(how="all_gather")
 print(book.table())
@@ -175,7 +176,7 @@ print("4 ranks, all-gather: identical bits:", four.replicas_identical(),
 # ranks again.
 
 # %%
-from parlab.viz.widgets import book_step_explorer
+from parlab.experiments import book_step_explorer
 
 book_step_explorer(ranks=len(book.ranks), how=book.how, steps=book.spec.steps)
 
@@ -409,7 +410,8 @@ answer_02_2 = ...
 check("02.2", answer_02_2)
 
 # %%
-from parlab.data_parallel import FIGURE_8_2, gradient_bytes, traffic_table
+from parlab.data_parallel import gradient_bytes, traffic_table
+from parlab.experiments import FIGURE_8_2
 from parlab.viz.plots import traffic_figure
 
 one_bucket = FIGURE_8_2.replace(steps=2, bucket_cap_bytes=10**6)

@@ -53,7 +53,8 @@
 # each as soon as its input has arrived, and at most one of each per step.
 
 # %%
-from parlab.pipeline import describe_step, doubled_steps, errata, schedule, simulate
+from parlab.pipeline import describe_step, doubled_steps, schedule, simulate
+from parlab.experiments import errata
 from parlab.viz import glue
 
 book = schedule("book", stages=4, microbatches=4)
@@ -101,7 +102,7 @@ book.pipeline_order[3]
 # are busy.
 
 # %%
-from parlab.pipeline import BOOK_ACTIVE_PERCENT
+from parlab.experiments import BOOK_ACTIVE_PERCENT
 
 sim = simulate(book)
 print(sim.table())

@@ -52,15 +52,16 @@
 # whose parameters add up to the same total):
 
 # %%
+from parlab.experiments import BOOK_SAYS, gpt3_counts
 from parlab.models import get_config
 from parlab.tensor_parallel import counting
 
 gpt3 = get_config("GPT-3 175B")
 print(f"GPT-3: d_model {gpt3.d_model}, {gpt3.n_layers} blocks, {gpt3.n_heads} heads, "
       f"d_ff {gpt3.d_ff} = {gpt3.d_ff // gpt3.d_model} x d_model, vocabulary {gpt3.vocab}\n")
-counts = counting.gpt3_counts()
+counts = gpt3_counts()
 for part in ("attention", "feed_forward", "block", "blocks", "token_embedding", "total"):
-    book = counting.BOOK_SAYS.get(part)
+    book = BOOK_SAYS.get(part)
     said = f"   the book: about {book / 1e9:g} B" if book else ""
     print(f"{part:<16} {counts[part]:>16,}{said}")
 
@@ -100,7 +101,7 @@ show(transformer_figure())
 # total rounds to <span data-glue="rounding_exact_b">174</span> billion.
 
 # %%
-from parlab.tensor_parallel import book_rounding
+from parlab.experiments import book_rounding
 from parlab.viz import glue
 
 r = book_rounding()
@@ -128,7 +129,7 @@ _ = glue("rounding_exact_b", r["blocks_rounded_to_billions"] / 1e9, ".0f")
 # block:
 
 # %%
-from parlab.tensor_parallel import layer_memory
+from parlab.experiments import layer_memory
 from parlab.units import GB
 
 lm = layer_memory(tp=8, microbatches=8)
@@ -213,9 +214,9 @@ print(f"vectors looked up for one sequence of {gpt3.context} tokens: "
 # splits these matrices.
 
 # %%
-from parlab.viz.plots import qkv_example
+from parlab.experiments import qkv_example
 
-show(local_qkv_figure())
+show(local_qkv_figure(qkv_example()))
 n_tokens, width = qkv_example()["X"].shape
 glue("qkv_tokens", n_tokens)
 _ = glue("qkv_d_model", width)
@@ -285,7 +286,7 @@ for bad in (lambda: shard_spec("W_Q", (12288, 12288), "heads", 5, n_heads=96),
 # <span data-glue="emb_vocab">11</span> tokens, against `nn.Embedding` on one device:
 
 # %%
-from parlab.tensor_parallel import run_embedding
+from parlab.experiments import run_embedding
 
 vocab, ranks = 11, 3
 glue("emb_vocab", vocab)
@@ -303,7 +304,7 @@ for c in embeddings.values():
 # sequence's vectors on <span data-glue="tp_gpt3">8</span> GPUs.
 
 # %%
-from parlab.tensor_parallel import embedding_wire_bytes
+from parlab.experiments import embedding_wire_bytes
 
 vectors = embeddings["broadcast"].reference["output"].nbytes
 for kind, c in embeddings.items():
@@ -351,7 +352,7 @@ answer_04_2 = ...
 check("04.2", answer_04_2)
 
 # %%
-from parlab.tensor_parallel import run_mlp
+from parlab.experiments import run_mlp
 
 mlp = run_mlp(d_model=8, d_ff=32, batch=2, seq=4, backend="toy")
 print(mlp.summary())
@@ -393,7 +394,7 @@ _ = glue("mlp_ranks", ranks)
 # shards are the slices ours cut (dimension and range, on A1):
 
 # %%
-from parlab.tensor_parallel import calls_table, collective_calls
+from parlab.experiments import calls_table, collective_calls
 
 mlp_pytorch = run_mlp(d_model=8, d_ff=32, batch=2, seq=4, backend="toy", variant="pytorch")
 print(mlp_pytorch.summary())
@@ -439,7 +440,7 @@ print(mlp_pytorch.info["comm_table"])
 # everything the layer's forward and backward passes put on the wire.
 
 # %%
-from parlab.viz.widgets import strategy_explorer
+from parlab.experiments import strategy_explorer
 
 strategy_explorer(batch=8, c_in=64, c_out=128)
 
@@ -475,7 +476,7 @@ show(qkv_sharding_figure(d_model=size["d_model"], n_heads=size["n_heads"], ranks
 # X and from only its share of X's features, against the true slice:
 
 # %%
-from parlab.tensor_parallel import column_split_input
+from parlab.experiments import column_split_input
 
 errors = column_split_input(d_model=size["d_model"], tokens=size["seq"], parts=2)
 print(f"from the whole X: equal to the true slice (difference below 1e-6): "
@@ -501,7 +502,7 @@ print(f"from A1's share of X's features: off by up to {errors['input_share']:.2f
 # for one sequence of the section's size (`seq = 4`, `d_model = 8`, `n_heads = 2`):
 
 # %%
-from parlab.tensor_parallel import softmax_and_context
+from parlab.experiments import softmax_and_context
 
 print(softmax_and_context(d_model=size["d_model"], n_heads=size["n_heads"], seq=size["seq"]))
 
@@ -540,7 +541,8 @@ print(softmax_and_context(d_model=size["d_model"], n_heads=size["n_heads"], seq=
 # `d_model = 8`, `n_heads = 2`), with a causal mask:
 
 # %%
-from parlab.tensor_parallel import collective_wire_bytes, run_attention
+from parlab.tensor_parallel import collective_wire_bytes
+from parlab.experiments import run_attention
 
 attention = {name: run_attention(name, **size, backend="toy")
              for name in ("book", "megatron", "pytorch")}
@@ -578,7 +580,7 @@ for name in attention:
 # shards:
 
 # %%
-from parlab.tensor_parallel import gradient_shard_bytes
+from parlab.experiments import gradient_shard_bytes
 
 odd = dict(size, seq=5)
 evidence = {name: run_attention(name, **odd, backend="toy") for name in ("book", "megatron")}
@@ -720,7 +722,7 @@ attention_explorer(seq=gpt3.context, d_model=gpt3.d_model, ranks=lm["tp"], preci
 # wider than the model, and an output layer back to the model's width. The widths of both:
 
 # %%
-from parlab.tensor_parallel import ffn_widths
+from parlab.experiments import ffn_widths
 
 widths = ffn_widths()
 print(f"Figure 8-19:            {' -> '.join(map(str, widths['book']))} "
@@ -775,7 +777,7 @@ check("04.4", answer_04_4)
 # (`parlab.models.BookMLP`) on one device:
 
 # %%
-from parlab.tensor_parallel import run_ffn
+from parlab.experiments import run_ffn
 from parlab.comm import figure_8_19
 
 batch, micro_batches = 4, 2
@@ -797,7 +799,7 @@ for phase, log in ffn.traffic.items():
 # one micro-batch, and the size of one GPU's piece of the stage's weights:
 
 # %%
-from parlab.tensor_parallel import ffn_backward_sums
+from parlab.experiments import ffn_backward_sums
 
 for row in ffn_backward_sums(ffn):
     print(f"{row['layer']:<3}: {row['all_reduces']} all-reduces ({row['micro_batches']} "

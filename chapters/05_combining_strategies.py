@@ -155,7 +155,7 @@ for ranks in (2, 4):
 # parallel counts and the link model (04), and the CNN above.
 
 # %%
-from parlab.hybrid import summary_table, summary_text
+from parlab.experiments import summary_table, summary_text
 
 n_gpus, gpu_gb = 1024, 80  # the cluster of this section and the next
 glue("gpus", n_gpus, ",")
@@ -257,7 +257,7 @@ for r in found.rejected:
 # `copy_sizes` changes one assumption at a time:
 
 # %%
-from parlab.hybrid import copy_sizes, copy_table
+from parlab.experiments import copy_sizes, copy_table
 
 sizes = copy_sizes("GPT-3 175B", global_batch=Assumptions().global_batch, gpus=n_gpus,
                    gpu_memory_gb=gpu_gb)

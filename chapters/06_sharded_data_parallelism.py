@@ -141,8 +141,10 @@ print(f"{shard.numel} parameters padded to {shard.padded}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+from parlab.experiments import stage_table
+
 problem, world_sizes = sharded.ShardSpec(), (2, 4)
-table = sharded.stage_table(world_sizes=world_sizes, spec=problem, progress=True)
+table = stage_table(world_sizes=world_sizes, spec=problem, progress=True)
 
 # %% [markdown]
 # First, do they train the same model as one process? `max difference` is the largest

@@ -5,6 +5,10 @@ import what:
 
 - the subpackages form layers: each may import only those below it (``LAYERS``), so there
   is no import cycle, at module level or inside a function;
+- the strategy subpackages (``STRATEGIES``) are siblings on one layer: none imports another,
+  only ``hybrid`` and the layers above combine them;
+- ``viz`` draws only: it imports nothing that starts ranks (``parlab.launch``,
+  ``parlab.experiments``, or a rank-starting function of a lower layer, ``RANK_STARTERS``);
 - between subpackages, code imports a subpackage's face (``parlab.comm``), never one of its
   modules, and never a private name;
 - a face (``__init__.py``) has an ``__all__`` and no logic; no module defines a module-level
@@ -21,9 +25,24 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "pkg" / "parlab"
 
-#: Bottom up; a subpackage may import the ones listed before it, and itself.
-LAYERS = ["units", "checks", "hardware", "launch", "comm", "models", "memory", "data_parallel", "sharded", "pipeline",
-          "tensor_parallel", "hybrid", "viz", "exercises"]
+#: The parallelism strategies: siblings on one layer, none imports another (context and expert
+#: parallelism are listed ahead of their subpackages).
+STRATEGIES = ("data_parallel", "sharded", "pipeline", "tensor_parallel", "context_parallel",
+              "expert_parallel")
+#: Bottom up; a subpackage may import the layers listed before it, and itself. A tuple is one
+#: layer of siblings.
+LAYERS = [("units", "checks", "hardware"), "launch", "comm", "models", "memory", STRATEGIES, "hybrid", "viz", "experiments",
+          "exercises"]
+#: Functions that start ranks (``parlab.launch.run`` or ``parlab.comm.run_with_traffic``, directly
+#: or through one another), by name: ``viz`` imports none of them. The chapters' experiments are
+#: named too, in case a lower layer re-exports one. ``test_rank_starters_are_all_listed`` keeps
+#: the list complete.
+RANK_STARTERS = frozenset({
+    "run", "run_with_traffic", "execute", "pipeline_data_parallel", "torch_pipelining", "run_3d",
+    "train", "train_fsdp", "launch_spec", "measure_traffic", "traffic_table", "layer_traffic",
+    "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn", "run_layer_strategy", "run_mlp",
+    "run_embedding", "run_figure_8_2", "stage_table", "collective_explorer", "strategy_explorer",
+    "book_step_explorer"})
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
 TOOLS = {"tools"}
 #: The bottom layer: plain modules at the top of the package, importing nothing of parlab.
@@ -48,8 +67,13 @@ MODULES = _modules()
 
 def _imports(path):
     """(line, imported module, names) of every parlab import in a file, function-level too."""
+    return _imports_of(path.read_text())
+
+
+def _imports_of(source):
+    """(line, imported module, names) of every parlab import in ``source``."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.level:
                 found.append((node.lineno, "." * node.level + node.module, []))
@@ -71,6 +95,83 @@ def _targets(module, names):
 def _layer(dotted):
     parts = dotted.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _level(subpackage):
+    """The index in ``LAYERS`` of the layer that holds ``subpackage`` (None: not a layer)."""
+    for level, layer in enumerate(LAYERS):
+        if subpackage == layer or (isinstance(layer, tuple) and subpackage in layer):
+            return level
+    return None
+
+
+SUBPACKAGES = [s for layer in LAYERS for s in (layer if isinstance(layer, tuple) else (layer,))]
+
+
+def import_map():
+    """{module: [(line, imported module, names)]} of the whole package (the rules' input)."""
+    return {name: _imports(path) for name, path in MODULES.items()}
+
+
+def layer_violations(imports):
+    """Imports of a tool, of a layer above, or of a sibling on the same layer, in ``imports``."""
+    bad = []
+    for name, found in imports.items():
+        mine = _layer(name)
+        if mine in TOOLS or mine == "__init__":
+            continue
+        for line, module, _ in found:
+            theirs = _layer(module)
+            if theirs in TOOLS:
+                bad.append(f"{name}:{line} imports the tool {module}")
+            elif theirs == mine or _level(theirs) is None or _level(mine) is None:
+                continue
+            elif _level(theirs) > _level(mine):
+                bad.append(f"{name}:{line} ({mine}) imports {module} ({theirs}), a layer above it")
+            elif _level(theirs) == _level(mine):
+                bad.append(f"{name}:{line} ({mine}) imports {module} ({theirs}), a sibling: only "
+                           "hybrid and the layers above combine strategies")
+    return bad
+
+
+def viz_violations(imports, rank_starters=RANK_STARTERS):
+    """Imports in ``viz`` of what starts ranks: parlab.launch, parlab.experiments, a starter."""
+    bad = []
+    for name, found in imports.items():
+        if _layer(name) != "viz":
+            continue
+        for line, module, names in found:
+            if _layer(module) in ("launch", "experiments"):
+                bad.append(f"{name}:{line} imports {module}: viz draws only, it starts no ranks")
+            bad += [f"{name}:{line} imports {n} from {module}, which starts ranks"
+                    for n in names if n in rank_starters and _layer(module) != "viz"]
+    return bad
+
+
+def rank_starters(sources):
+    """Public functions of ``{module: source}`` that start ranks, directly or through another.
+
+    A call of ``run`` counts where the module imports it from parlab.launch; a call of
+    ``run_with_traffic`` counts everywhere; so does a call of a function already found.
+    """
+    calls = {}
+    for module, source in sources.items():
+        tree = ast.parse(source)
+        launch_run = any(isinstance(n, ast.ImportFrom) and n.module == "parlab.launch"
+                         and any(a.name == "run" for a in n.names) for n in ast.walk(tree))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                called = {c.func.id for c in ast.walk(node)
+                          if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                if not launch_run and _layer(module) != "launch":
+                    called.discard("run")
+                calls.setdefault(node.name, set()).update(called)
+    found, grown = {"run", "run_with_traffic"}, True
+    while grown:
+        new = {f for f, called in calls.items() if f not in found and called & found}
+        found |= new
+        grown = bool(new)
+    return found
 
 
 def _graph():
@@ -114,19 +215,70 @@ def test_no_import_cycle_between_modules():
 
 
 def test_subpackages_import_only_the_layers_below_them():
-    bad = []
-    for name, path in MODULES.items():
-        mine = _layer(name)
-        if mine in TOOLS or mine == "__init__":
-            continue
-        for line, module, names in _imports(path):
-            theirs = _layer(module)
-            if theirs in TOOLS:
-                bad.append(f"{name}:{line} imports the tool {module}")
-            elif theirs != mine and theirs in LAYERS and mine in LAYERS \
-                    and LAYERS.index(theirs) > LAYERS.index(mine):
-                bad.append(f"{name}:{line} ({mine}) imports {module} ({theirs}), a layer above it")
+    bad = layer_violations(import_map())
     assert bad == [], "\n".join(bad)
+
+
+def test_the_layer_rule_reports_planted_violations():
+    planted = {"parlab.pipeline.fake": [(3, "parlab.tensor_parallel", ["split"]),
+                                        (4, "parlab.hybrid", ["plan"]),
+                                        (5, "parlab.memory", ["estimate"]),
+                                        (6, "parlab.pipeline.schedules", ["schedule"])],
+               "parlab.context_parallel.fake": [(7, "parlab.sharded", ["Zero"])],
+               "parlab.comm.fake": [(8, "parlab.tools.book", [])],
+               "parlab.experiments.fake": [(9, "parlab.viz", ["figure"]),
+                                           (10, "parlab.data_parallel", ["train"])]}
+    bad = layer_violations(planted)
+    assert len(bad) == 4, bad
+    assert "parlab.pipeline.fake:3" in bad[0] and "a sibling" in bad[0]
+    assert "parlab.pipeline.fake:4" in bad[1] and "a layer above" in bad[1]
+    assert "parlab.context_parallel.fake:7" in bad[2] and "a sibling" in bad[2]
+    assert "parlab.comm.fake:8 imports the tool" in bad[3]
+
+
+def test_strategies_are_siblings_between_memory_and_hybrid():
+    level = _level("data_parallel")
+    assert all(_level(s) == level for s in STRATEGIES)
+    assert _level("memory") < level < _level("hybrid") < _level("viz") < _level("experiments") \
+        < _level("exercises")
+
+
+def test_viz_imports_nothing_that_starts_ranks():
+    bad = viz_violations(import_map())
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_viz_rule_reports_planted_violations():
+    source = ("from parlab.launch import run\n"
+              "from parlab.comm import TrafficLog, run_with_traffic\n"
+              "from parlab.viz.style import show\n"
+              "def draw():\n"
+              "    from parlab.experiments import run_attention\n"
+              "    from parlab.pipeline import execute, schedule\n")
+    planted = {"parlab.viz.plots.fake": _imports_of(source),
+               "parlab.hybrid.fake": [(1, "parlab.launch", ["run"])]}  # below viz: allowed
+    bad = viz_violations(planted)
+    assert [b.split(" ")[0] for b in bad] == ["parlab.viz.plots.fake:1"] * 2 + [
+        "parlab.viz.plots.fake:2", "parlab.viz.plots.fake:5", "parlab.viz.plots.fake:5",
+        "parlab.viz.plots.fake:6"], bad
+    assert "execute" in bad[-1]
+
+
+def test_rank_starters_are_all_listed():
+    sources = {name: path.read_text() for name, path in MODULES.items()
+               if _level(_layer(name)) is not None and _level(_layer(name)) < _level("viz")}
+    missing = rank_starters(sources) - RANK_STARTERS
+    assert missing == set(), f"add these to RANK_STARTERS: {sorted(missing)}"
+
+
+def test_the_rank_starter_search_finds_planted_starters():
+    sources = {"parlab.data_parallel.fake": (
+        "from parlab.launch import run\n"
+        "def go(n):\n    return run(print, n)\n"
+        "def go_twice(n):\n    return [go(n), go(n)]\n"
+        "def idle():\n    return 1\n"),
+        "parlab.memory.fake": "def run(x):\n    return x\ndef uses_a_local_run():\n    return run(1)\n"}
+    assert rank_starters(sources) == {"run", "run_with_traffic", "go", "go_twice"}
 
 
 def test_between_subpackages_only_faces_and_public_names():
@@ -181,7 +333,8 @@ def test_a_handful_of_top_level_modules_and_each_layer_is_a_subpackage():
     top = {p.stem for p in PKG.glob("*.py")}
     assert top == TOP_LEVEL
     packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
-    assert packages == set(LAYERS) - BOTTOM | TOOLS
+    assert packages <= set(SUBPACKAGES) | TOOLS, f"not in LAYERS: {packages - set(SUBPACKAGES)}"
+    assert set(SUBPACKAGES) - BOTTOM - packages <= {"context_parallel", "expert_parallel"}
 
 
 def test_every_third_party_import_is_declared():

@@ -16,9 +16,9 @@ from parlab.pipeline import Network, compare, execute, from_order, schedule, tor
 from parlab.hybrid import pipeline_data_parallel
 from parlab.tensor_parallel import (
     SelfAttention, VocabParallelEmbedding, balanced_ranges, check_degree, counting, divisors,
-    even_ranges, ffn_bytes, layout, merge, run_attention, run_embedding, run_ffn,
-    run_layer_strategy, run_mlp, shard_spec
+    even_ranges, ffn_bytes, layout, merge, shard_spec
 )
+from parlab.experiments import run_attention, run_embedding, run_ffn, run_layer_strategy, run_mlp
 
 GPT3 = "GPT-3 175B"
 

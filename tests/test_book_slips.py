@@ -5,8 +5,10 @@ import math
 
 import pytest
 
-from parlab.pipeline import (BOOK_STEPS, Network, execute, one_action_per_slot, schedule,
-                             simulate, slot_count, work_percent)
+from parlab.pipeline import (
+    Network, execute, one_action_per_slot, schedule, simulate, slot_count, work_percent
+)
+from parlab.experiments import BOOK_STEPS
 
 
 # --------------------------------------------------------------------------- chapter 03
@@ -93,7 +95,7 @@ def test_interleaving_messages_logged_by_real_ranks():
 
 # --------------------------------------------------------------------------- chapter 04
 
-from parlab.tensor_parallel import (  # noqa: E402  (the chapter 04 half of this file)
+from parlab.experiments import (  # noqa: E402  (the chapter 04 half of this file)
     book_rounding, collective_calls, column_split_input, embedding_wire_bytes,
     ffn_backward_sums, ffn_widths, gradient_shard_bytes, layer_memory, run_attention,
     run_embedding, run_ffn, softmax_and_context

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch import run
-from parlab.tensor_parallel import (calls_table, collective_calls, collective_wire_bytes,
-                                    CommBytes, run_attention)
+from parlab.tensor_parallel import collective_wire_bytes, CommBytes
+from parlab.experiments import calls_table, collective_calls, run_attention
 
 
 def _short(counts: dict) -> dict:

@@ -4,9 +4,8 @@ import torch
 
 from parlab import data_parallel as dp
 from parlab.launch import RankError, run
-from parlab.data_parallel import (
-    FIGURE_8_2, bucketing_table, gradient_bytes, layer_traffic, measure_traffic, run_figure_8_2
-)
+from parlab.data_parallel import bucketing_table, gradient_bytes, layer_traffic, measure_traffic
+from parlab.experiments import FIGURE_8_2, run_figure_8_2
 from parlab.comm import allreduce_bytes_per_rank
 
 BACKENDS = ["gloo", "toy"]
@@ -276,7 +275,7 @@ def test_figure_8_2_has_one_colour_scale_per_kind_of_panel():
     import matplotlib
     matplotlib.use("Agg")
     from parlab.viz.plots import figure_8_2
-    from parlab.viz.widgets import book_step_explorer
+    from parlab.experiments import book_step_explorer
 
     result = run_figure_8_2()
     fig = figure_8_2(result)

@@ -6,7 +6,8 @@ import pytest
 
 from parlab import memory
 from parlab.pipeline import Action, compare, comparison_table, from_order, schedule
-from parlab.pipeline import BOOK_ACTIVE_PERCENT, describe_step, errata, execute, Network, simulate
+from parlab.pipeline import describe_step, execute, Network, simulate
+from parlab.experiments import BOOK_ACTIVE_PERCENT, errata
 from parlab.pipeline import doubled_steps
 
 

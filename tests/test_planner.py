@@ -158,7 +158,7 @@ def test_nothing_fits_is_an_empty_plan_with_reasons():
 
 def test_summary_table_rows_are_backed_by_computed_numbers():
     from parlab.pipeline import schedule, simulate
-    from parlab.hybrid import summary_table, summary_text
+    from parlab.experiments import summary_table, summary_text
     rows = {r.strategy: r for r in summary_table()}
     assert list(rows) == ["data", "model", "pipeline", "tensor"]
     data = rows["data"].numbers

@@ -1,6 +1,6 @@
 """Chapter 01 says 64 GPUs for GPT-3, chapter 05 128 per model copy: one assumption at a time."""
 from parlab import memory
-from parlab.hybrid import copy_sizes
+from parlab.experiments import copy_sizes
 from parlab.models import GPT3_175B
 
 
@@ -22,7 +22,7 @@ def test_both_counts_hold_under_their_own_assumptions():
 
 
 def test_copy_table_has_one_header_and_a_row_per_size():
-    from parlab.hybrid import copy_table
+    from parlab.experiments import copy_table
     rows = copy_sizes("GPT-3 175B")
     lines = copy_table(rows).splitlines()
     assert lines[0].split()[:2] == ["job", "GPUs"] and lines[1:] == [r.row() for r in rows]

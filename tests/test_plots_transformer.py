@@ -2,7 +2,7 @@
 import torch
 
 from parlab.models import GPT3_175B, count_parameters
-from parlab.viz.plots.transformer import qkv_example
+from parlab.experiments import qkv_example
 from parlab.viz.plots import transformer_figure
 
 

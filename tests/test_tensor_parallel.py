@@ -7,8 +7,9 @@ import torch.distributed as dist
 from parlab.comm import ring_wire_bytes
 from parlab.tensor_parallel import counting
 from parlab.launch import run
-from parlab.tensor_parallel import collective_wire_bytes, run_attention
-from parlab.tensor_parallel import run_embedding, run_layer_strategy, run_mlp
+from parlab.tensor_parallel import collective_wire_bytes
+from parlab.experiments import run_attention
+from parlab.experiments import run_embedding, run_layer_strategy, run_mlp
 
 BACKENDS = ["gloo", "toy"]
 

@@ -3,7 +3,8 @@ exercises and figures."""
 import pytest
 
 from parlab.comm import ring_wire_bytes
-from parlab.tensor_parallel import counting, run_ffn, run_layer_strategy
+from parlab.tensor_parallel import counting
+from parlab.experiments import BOOK_SAYS, gpt3_counts, run_ffn, run_layer_strategy
 from parlab.comm import figure_8_19
 from parlab.tensor_parallel import layout
 
@@ -45,8 +46,8 @@ def test_more_ranks_than_neurons_is_a_clear_error():
 
 
 def test_gpt3_counts_match_the_book():
-    c = counting.gpt3_counts()
-    for part, book in counting.BOOK_SAYS.items():
+    c = gpt3_counts()
+    for part, book in BOOK_SAYS.items():
         assert abs(c[part] - book) / book < 0.01, part
     rows = counting.parameter_memory(degrees=(1, 2, 4, 8))
     assert [r["tp"] for r in rows] == [1, 2, 4, 8]

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from parlab.models import CONFIGS  # noqa: E402
-from parlab.tensor_parallel import collective_calls, run_attention  # noqa: E402
+from parlab.experiments import collective_calls, qkv_example, run_attention  # noqa: E402
 from parlab.viz.plots import book_attention_figure, local_qkv_figure, transformer_figure  # noqa: E402
 from parlab.viz.plots.tensor_parallel import book_attention_rows  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_the_fit_check_finds_an_overflowing_label():
 
 
 def test_figure_8_16_has_one_labelled_colour_scale_for_all_panels():
-    fig = local_qkv_figure()
+    fig = local_qkv_figure(qkv_example())
     images = [im for ax in fig.axes for im in ax.images]
     assert len(images) == 9
     bars = [im.colorbar for im in images if im.colorbar is not None]

@@ -13,7 +13,8 @@ from torch import nn
 
 from parlab.comm import ring_wire_bytes
 from parlab.launch import run
-from parlab.tensor_parallel import collective_calls, collective_wire_bytes, dtensor_mlp, run_mlp
+from parlab.tensor_parallel import collective_wire_bytes, dtensor_mlp
+from parlab.experiments import collective_calls, run_mlp
 
 D, FF, B, S = 8, 32, 2, 4
 

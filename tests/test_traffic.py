@@ -120,7 +120,7 @@ def test_bad_arguments():
 def test_collective_explorer_runs_real_ranks_and_redraws(capsys):
     import matplotlib
     matplotlib.use("Agg")
-    from parlab.viz.widgets import collective_explorer
+    from parlab.experiments import collective_explorer
 
     explorer = collective_explorer()  # all_gather on a ring of 4, 16 floats: the static figure
     out = capsys.readouterr().out
@@ -144,7 +144,7 @@ def test_every_explored_collective_is_right_with_every_algorithm(collective, cap
     import matplotlib
     import matplotlib.pyplot as plt
     matplotlib.use("Agg")
-    from parlab.viz.widgets.basics import draw_collective
+    from parlab.experiments import draw_collective
 
     for algorithm in ALGORITHMS:
         plt.close(draw_collective(collective, algorithm, ranks=3, elements=4))

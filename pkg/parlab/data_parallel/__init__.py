@@ -2,8 +2,7 @@
 
 ``sync`` (splitting the batch, bucketing gradients, the exchange of one step), ``training`` (many
 steps on N real ranks, DDP beside ours, checkpoints and a lost transfer, the ranks' timeline as
-a Chrome trace), ``figure_8_2`` (the figure on two real ranks, with the book's names),
-``scaling`` (bytes per rank measured on the toy backend, then modelled up to thousands of
+a Chrome trace), ``scaling`` (bytes per rank measured on the toy backend, then modelled up to thousands of
 GPUs). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and :mod:`parlab.models`.
 """
 
@@ -15,11 +14,8 @@ from parlab.data_parallel.training import (
     latest_checkpoint, LostTransfer, make_batch, make_model, make_optimizer, max_difference,
     RankRun, read_journal, reference, train, train_rank, training_trace, TrainSpec
 )
-from parlab.data_parallel.figure_8_2 import (
-    FIGURE_8_2, BookRun, format_tensor, replica_names, run_figure_8_2
-)
 from parlab.data_parallel.scaling import (
-    SCALES, TOKENS_PER_GPU, bucketing_table, gradient_bytes, layer_traffic, measure_traffic,
+    replica_names, SCALES, TOKENS_PER_GPU, bucketing_table, gradient_bytes, layer_traffic, measure_traffic,
     sync_cost, traffic_table
 )
 
@@ -27,7 +23,7 @@ __all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTE
            "DDP_BUCKET_CAP_BYTES", "all_reduce_buckets", "SyncStats", "step",
            "GradientExchange", "TrainSpec", "RankRun", "make_model", "make_batch",
            "make_optimizer", "train", "train_rank", "reference", "LostTransfer",
-           "latest_checkpoint", "read_journal", "max_difference", "training_trace", "FIGURE_8_2",
-           "BookRun", "run_figure_8_2", "replica_names", "format_tensor", "gradient_bytes",
+           "latest_checkpoint", "read_journal", "max_difference", "training_trace",
+           "replica_names", "gradient_bytes",
            "measure_traffic", "traffic_table", "layer_traffic", "sync_cost", "bucketing_table",
            "TOKENS_PER_GPU", "SCALES"]

@@ -11,16 +11,20 @@ shows that a layer's gradient traffic is its weight count, whatever the batch. M
 from __future__ import annotations
 
 from parlab.comm import (
-    allreduce_bytes_per_rank, allreduce_steps, allreduce_time, nic, run_with_traffic
+    allreduce_bytes_per_rank, allreduce_steps, allreduce_time, gpu_name, nic, run_with_traffic
 )
-from parlab.data_parallel.figure_8_2 import replica_names
 from parlab.data_parallel.sync import bucket_bytes, make_buckets
 from parlab.data_parallel.training import (
     TrainSpec, make_model, max_difference, reference, train_rank
 )
 
-__all__ = ["gradient_bytes", "measure_traffic", "traffic_table", "layer_traffic", "sync_cost",
-           "bucketing_table", "TOKENS_PER_GPU", "SCALES"]
+__all__ = ["replica_names", "gradient_bytes", "measure_traffic", "traffic_table",
+           "layer_traffic", "sync_cost", "bucketing_table", "TOKENS_PER_GPU", "SCALES"]
+
+
+def replica_names(world_size: int) -> list[str]:
+    """Figure 8-2's names: one GPU per server on one rail, so A1, A2, A3, ... (see topology)."""
+    return [gpu_name(r, gpus_per_server=1) for r in range(world_size)]
 
 
 def gradient_bytes(spec: TrainSpec) -> int:

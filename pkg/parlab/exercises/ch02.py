@@ -2,7 +2,7 @@
 notebook prints them, then write the averaging step yourself.
 
 Every expected answer is computed when a checker runs, from the model and formulas the
-notebook itself uses (:data:`parlab.data_parallel.FIGURE_8_2`,
+notebook itself uses (:data:`parlab.experiments.FIGURE_8_2`,
 :func:`parlab.data_parallel.make_buckets`, :func:`parlab.comm.allreduce_bytes_per_rank`);
 a wrong answer gets a hint about which quantity to think about, never the number. The
 worked solutions are in :mod:`parlab.exercises.ch02_solutions`, which the notebook does not
@@ -20,7 +20,8 @@ _CAP, _RING_GPUS, _LAYER_TENSOR, _BATCH = 200, 4, 2, 64
 
 def _parameters() -> list:
     """The parameter tensors of Figure 8-2's model (layers 4, 6, 6, 2; fp32), in order."""
-    from parlab.data_parallel import FIGURE_8_2, make_model
+    from parlab.data_parallel import make_model
+    from parlab.experiments import FIGURE_8_2
     return list(make_model(FIGURE_8_2).parameters())
 
 

@@ -5,12 +5,12 @@ a Hugging Face config, on a cluster: memory, step time, recompute on or off; ``a
 lists what it takes as given; ``explain`` says why the winner wins, in words),
 ``placement`` (where each rank of a layout sits on a rail-optimized cluster), ``parallel3d``
 (a real 2 x 2 x 2 job equal to one process), ``pipeline_data`` (Figure 8-14: pipelines
-replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the slides' CNN
-advice measured, and a data + tensor parallel step run), ``summary`` (the slides' pros and
-cons, each with a number), ``copies`` (how many GPUs one model copy needs under chapter 01's
-assumptions and under the planner's, side by side). This is the only layer that
-combines strategies: each hybrid run builds a ``DeviceMesh`` and applies the strategies'
-own functions on its dimensions; none writes a loop or an all-reduce of its own.
+replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the
+slides' CNN advice measured, and a data + tensor parallel step run). The slides' summary and
+the copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
+(:mod:`parlab.experiments`). This is the only layer that combines strategies: each hybrid
+run builds a ``DeviceMesh`` and applies the strategies' own functions on its dimensions;
+none writes a loop or an all-reduce of its own.
 """
 
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction, TIME_PARTS
@@ -25,12 +25,9 @@ from parlab.hybrid.cnn import (
     TENSOR_SPLITS, assignment_bytes, crossover_batch, hybrid_traffic, HybridTraffic
 )
 from parlab.hybrid.cnn_step import hybrid_step
-from parlab.hybrid.summary import summary_table, summary_text, SummaryRow
-from parlab.hybrid.copies import copy_sizes, copy_table, CopySize
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
-           "Run3D", "run_3d", "HybridRun", "pipeline_data_parallel",
-           "SyncPair", "SYNC_FORMAT", "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
-           "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "SummaryRow", "summary_table",
-           "summary_text", "copy_sizes", "copy_table", "CopySize"]
+           "Run3D", "run_3d", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
+           "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
+           "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step"]

@@ -1,10 +1,10 @@
 """Pipeline parallelism (chapter 03, Figures 8-3 to 8-14): schedules, simulator, executor.
 
 ``schedules`` (schedules as per-rank action lists: book, naive, GPipe, 1F1B, interleaved),
-``simulator`` (the per-step table, bubble and in-flight activations of a schedule), ``book``
-(the chapter's own wording and the slips in its step lists), ``runner`` (the one executor:
-any model's stages run through a schedule on real ranks), ``executor`` (chapter 03's network
-run that way, logged step by step and checked), ``torch_pipelining``
+``simulator`` (the per-step table, bubble and in-flight activations of a schedule),
+``notation`` (the chapter's labels: F1/E1, y1 A1->A2, one time step in words), ``runner``
+(the one executor: any model's stages run through a schedule on real ranks), ``executor``
+(chapter 03's network run that way, logged step by step and checked), ``torch_pipelining``
 (``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
 numbers), ``slots`` (actions against busy slots: the book's doubled steps, and the same
 schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
@@ -16,9 +16,7 @@ from parlab.pipeline.simulator import (
     Event, simulate, Simulation, stage_gpu_name, stage_gpu_names, StageTransfer
 )
 from parlab.pipeline.runner import run_schedule, split_layers, StageRun
-from parlab.pipeline.book import (
-    action_code, ACTION_CODES, BOOK_ACTIVE_PERCENT, BOOK_STEPS, describe_step, errata, Erratum
-)
+from parlab.pipeline.notation import action_code, ACTION_CODES, describe_step, transfer_label
 from parlab.pipeline.executor import (
     execute, Execution, max_difference, Network, reference, run_network, stage_layers
 )
@@ -32,10 +30,10 @@ from parlab.pipeline.tradeoffs import (
 
 __all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTransfer", "Event",
            "Simulation", "simulate", "stage_gpu_name", "stage_gpu_names", "run_schedule",
-           "split_layers", "StageRun", "run_network", "stage_layers", "max_difference", "action_code", "ACTION_CODES",
-           "describe_step", "BOOK_STEPS",
-           "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Network", "Execution", "execute",
-           "reference", "TorchRun", "torch_pipelining", "our_action_order", "compare", "comparison_table",
+           "split_layers", "StageRun", "run_network", "stage_layers", "max_difference",
+           "action_code", "ACTION_CODES", "describe_step", "transfer_label", "Network",
+           "Execution", "execute", "reference", "TorchRun", "torch_pipelining",
+           "our_action_order", "compare", "comparison_table",
            "ScheduleCost",
            "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL", "SlotCount", "slot_count",
            "work_percent", "one_action_per_slot", "doubled_steps"]

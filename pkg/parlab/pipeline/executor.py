@@ -206,7 +206,7 @@ class Execution:
         """Per step: the chapter's communication list, and what the toy backend logged."""
         if self.traffic_by_step is None:
             raise ValueError("no per-step traffic: run execute(..., backend='toy')")
-        from parlab.pipeline.book import transfer_label
+        from parlab.pipeline.notation import transfer_label
         sim, names = self.simulation, self.simulation.names
         lines = []
         for rec, logged in zip(sim.records, self.traffic_by_step):

@@ -113,7 +113,7 @@ class Simulation:
 
     def table(self) -> str:
         """The per-step table: each GPU's work, the transfers, and the share of busy GPUs."""
-        from parlab.pipeline.book import action_code, transfer_label
+        from parlab.pipeline.notation import action_code, transfer_label
         p = self.schedule.stages
         cells = [[", ".join(action_code(a, self) for r, a in rec.compute if r == rank)
                   or "." for rank in range(p)] for rec in self.records]

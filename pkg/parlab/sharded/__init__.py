@@ -5,19 +5,17 @@ single-tensor collectives that move it), ``zero`` (ZeRO by hand: which rank keep
 which collective runs when, for stages 0 to 3), ``runs`` (N real ranks against one process,
 step by step, with the model-state bytes each rank held and the toy backend's log),
 ``fsdp`` (the same problem through ``torch.distributed.fsdp.fully_shard``), ``scaling``
-(bytes, memory and time per GPU in closed form, up to thousands of GPUs), ``experiments``
-(every stage and FSDP2 on 2 and 4 logged ranks, with the three checks in one table). Imports
+(bytes, memory and time per GPU in closed form, up to thousands of GPUs). Imports
 :mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and :mod:`parlab.memory`.
 """
 
 from parlab.sharded.flat import all_gather_into, FlatShard, parameter_layers, reduce_scatter_into
-from parlab.sharded.zero import check_stage, make_optimizer, Zero
+from parlab.sharded.zero import check_stage, make_optimizer, STATE_PARTS, Zero
 from parlab.sharded.runs import (
     layer_values, local_batch, make_batch, make_model, RankResult, reference, ShardRun, ShardSpec,
     train, train_rank
 )
 from parlab.sharded.fsdp import fsdp_rank, train_fsdp
-from parlab.sharded.experiments import stage_table, STATE_PARTS
 from parlab.sharded.scaling import (
     GLOBAL_BATCH, GLOBAL_TOKENS, ZERO_COLLECTIVES, zero_bytes_per_rank, zero_scaling
 )
@@ -26,4 +24,4 @@ __all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "parameter_lay
            "check_stage", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
            "make_model", "make_batch", "local_batch", "layer_values", "train", "train_rank",
            "reference", "train_fsdp", "fsdp_rank", "ZERO_COLLECTIVES", "zero_bytes_per_rank",
-           "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "stage_table", "STATE_PARTS"]
+           "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]

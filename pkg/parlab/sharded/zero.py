@@ -32,7 +32,11 @@ from torch import nn
 from parlab.memory import check_optimizer, ZERO_STAGES
 from parlab.sharded.flat import FlatShard, parameter_layers
 
-__all__ = ["Zero", "check_stage", "make_optimizer"]
+__all__ = ["Zero", "STATE_PARTS", "check_stage", "make_optimizer"]
+
+#: The model states a rank holds (the keys of :meth:`Zero.state_bytes`), in the order of a
+#: stacked bar.
+STATE_PARTS = ("parameters", "gradients", "optimizer_state")
 
 
 def check_stage(stage) -> int:

@@ -45,28 +45,28 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd import Function
 
-from parlab.tensor_parallel.sharding import _positive, check_degree, shard_spec
+from parlab.tensor_parallel.sharding import check_positive, check_degree, shard_spec
 from parlab.tensor_parallel.mappings import (
     all_gather_cat, broadcast_from, local_slice, reduce_scatter_slice
 )
 from parlab.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["SelfAttention", "attend", "BookAttention", "MegatronAttention", "dtensor_attention",
-           "PROJECTIONS"]
+           "PROJECTIONS", "check_heads", "check_grad_sync"]
 
 #: The reference's projections, in the book's letters.
 PROJECTIONS = {"q_proj": "W_Q", "k_proj": "W_K", "v_proj": "W_V", "out_proj": "W_O"}
 
 
-def _check_heads(d_model, n_heads) -> None:
+def check_heads(d_model, n_heads) -> None:
     """Raise ValueError unless ``n_heads`` heads of whole width split ``d_model`` features."""
-    _positive("d_model", d_model)
-    _positive("n_heads", n_heads)
+    check_positive("d_model", d_model)
+    check_positive("n_heads", n_heads)
     if d_model % n_heads:
         raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
 
 
-def _check_grad_sync(grad_sync) -> None:
+def check_grad_sync(grad_sync) -> None:
     if grad_sync not in ("all_reduce", "reduce_scatter"):
         raise ValueError(f"grad_sync must be 'all_reduce' or 'reduce_scatter', got {grad_sync!r}")
 
@@ -98,7 +98,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = True, seed: int | None = 0):
         super().__init__()
-        _check_heads(d_model, n_heads)
+        check_heads(d_model, n_heads)
         if seed is not None:
             torch.manual_seed(seed)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
@@ -186,7 +186,7 @@ class BookAttention(nn.Module):
         super().__init__()
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         check_degree(size, ref.d_model, "features of the hidden size (d_model)")
-        _check_grad_sync(grad_sync)
+        check_grad_sync(grad_sync)
         self.group, self.src, self.grad_sync = group, src, grad_sync
         self.d_head, self.causal = ref.d_head, ref.causal
         self.specs = {name: shard_spec(letter, ref.q_proj.weight.shape, "rows", size)[rank]

@@ -1,5 +1,5 @@
-"""Chapter 04's arithmetic: GPT-3's parameters, memory per GPU under tensor parallelism, the
-embedding table, and how many bytes each split moves, as formulas.
+"""Tensor parallelism's arithmetic: memory per GPU under tensor parallelism, the embedding
+table, and how many bytes each split moves, as formulas.
 
 Why this module exists: the chapter quotes numbers (605 M parameters per attention layer,
 1.2 B per feed-forward layer, 173 B in the blocks), the slides quote per-layer costs
@@ -16,25 +16,16 @@ from __future__ import annotations
 
 from parlab.comm import ring_wire_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
-from parlab.tensor_parallel.attention import _check_grad_sync
+from parlab.tensor_parallel.attention import check_grad_sync
 from parlab.tensor_parallel.ffn import layout
-from parlab.tensor_parallel.sharding import _positive
+from parlab.tensor_parallel.sharding import check_positive
 
-__all__ = ["BOOK_SAYS", "gpt3_counts", "parameter_memory", "embedding_table", "SLIDE_FORMULAS",
+__all__ = ["parameter_memory", "embedding_table", "SLIDE_FORMULAS",
            "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total"]
 
-#: What the chapter states, to set beside the computed counts.
-BOOK_SAYS = {"attention": 605e6, "feed_forward": 1.2e9, "blocks": 173e9, "total": 175e9}
 #: The slide deck's communication per layer (in numbers, not bytes) for each strategy.
 SLIDE_FORMULAS = {"data": "C_in x C_out", "partition_output": "B x C_out",
                   "reduce_output": "B x C_in"}
-
-
-def gpt3_counts(config: TransformerConfig | str = GPT3_175B) -> dict:
-    """Parameters per attention layer, feed-forward layer, block, all blocks, and in total."""
-    counts = count_parameters(get_config(config))
-    return {k: counts[k] for k in ("attention", "feed_forward", "block", "blocks",
-                                   "token_embedding", "position_embedding", "total")}
 
 
 def parameter_memory(config: TransformerConfig | str = GPT3_175B, degrees=(1, 2, 4, 8),
@@ -63,7 +54,7 @@ def _bytes(precision: str) -> int:
 
 def _positives(**values) -> None:
     for name, value in values.items():
-        _positive(name, value)
+        check_positive(name, value)
 
 
 def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str = "fp16",
@@ -76,9 +67,9 @@ def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str 
     """
     c = get_config(config)
     size = _bytes(precision)
-    _positive("batch", batch)
+    check_positive("batch", batch)
     if seq is not None:  # None: the model's context
-        _positive("seq", seq)
+        check_positive("seq", seq)
     seq = seq or c.context
     counts = count_parameters(c)
     return {"vocab": c.vocab, "d_model": c.d_model, "parameters": c.vocab * c.d_model,
@@ -121,7 +112,7 @@ def attention_bytes(variant: str, batch: int, seq: int, d_model: int, n: int = 2
     gradients summed (all-reduce, or reduce-scatter), X's gradient reduced onto A1.
     """
     _positives(batch=batch, seq=seq, d_model=d_model, n=n, element=element)
-    _check_grad_sync(grad_sync)
+    check_grad_sync(grad_sync)
     S = batch * seq * d_model * element
     if variant in ("megatron", "pytorch"):
         return _phases([("all_reduce", S)], [("all_reduce", S)], n)

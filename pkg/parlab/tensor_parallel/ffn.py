@@ -33,12 +33,12 @@ import torch
 import torch.distributed as dist
 
 from parlab.models import ACTIVATIONS, BookMLP
-from parlab.tensor_parallel.sharding import _positive, ShardSpec, shard_spec
+from parlab.tensor_parallel.sharding import check_positive, ShardSpec, shard_spec
 from parlab.comm import Mesh, gpu_name, link_type
 from parlab.tensor_parallel.mappings import all_gather_cat
 
 __all__ = ["FIGURE_8_19_SIZES", "Placement", "layout", "ffn_rank", "ffn_data", "link_of",
-           "reference_ffn"]
+           "reference_ffn", "check_ffn_run"]
 
 #: Input width (the context vector, our choice), then H1, H2 and the output layer as drawn.
 FIGURE_8_19_SIZES = (4, 6, 4, 2)
@@ -83,7 +83,7 @@ def layout(sizes=FIGURE_8_19_SIZES, tensor: int = 2) -> list[Placement]:
     if len(sizes) < 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
                              for n in sizes):
         raise ValueError(f"sizes must be positive ints, input width first, got {sizes}")
-    _positive("tensor", tensor)  # GPUs per stage: checked here, not as each layer's "parts"
+    check_positive("tensor", tensor)  # GPUs per stage: checked here, not as each layer's "parts"
     stages = len(sizes) - 1
     places = []
     for stage, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
@@ -104,11 +104,11 @@ def link_of(src: int, dst: int, tensor: int = 2) -> str:
     return link_type(src, dst, tensor)
 
 
-def _check_run(batch: int, micro_batches: int, activation: str) -> None:
+def check_ffn_run(batch: int, micro_batches: int, activation: str) -> None:
     """Raise ValueError unless ``batch`` samples split into ``micro_batches`` and ``activation``
     is known: checked by :func:`ffn_rank` and, before any rank starts, by ``run_ffn``."""
-    _positive("batch", batch)
-    _positive("micro_batches", micro_batches)
+    check_positive("batch", batch)
+    check_positive("micro_batches", micro_batches)
     if batch % micro_batches:
         raise ValueError(f"batch={batch} does not split into micro_batches={micro_batches} "
                          f"equal micro-batches; use a divisor of {batch}")
@@ -118,7 +118,7 @@ def _check_run(batch: int, micro_batches: int, activation: str) -> None:
 
 def ffn_data(sizes=FIGURE_8_19_SIZES, batch: int = 4, seed: int = 0):
     """The experiment's input context vectors and targets (the same on every rank)."""
-    _positive("batch", batch)
+    check_positive("batch", batch)
     g = torch.Generator().manual_seed(seed + 7)
     return torch.randn(batch, sizes[0], generator=g), torch.randn(batch, sizes[-1], generator=g)
 
@@ -137,7 +137,7 @@ def ffn_rank(sizes=FIGURE_8_19_SIZES, tensor: int = 2, batch: int = 4, micro_bat
     if dist.get_world_size() != len(places):
         raise ValueError(f"Figure 8-19's layout of {sizes} with {tensor} GPUs per stage needs "
                          f"{len(places)} ranks, got {dist.get_world_size()}")
-    _check_run(batch, micro_batches, activation)
+    check_ffn_run(batch, micro_batches, activation)
     me = places[dist.get_rank()]
     # every stage's tensor group (its NVLink domain), then the pipeline of each GPU position
     mesh = Mesh(pp=stages, tp=tensor)

@@ -11,20 +11,18 @@ parallelism averages it exactly as it would the unsplit model: that is how the 3
 :mod:`parlab.hybrid` is composed.
 
 :func:`shard_pieces` lists every parameter as ``(local piece, ShardSpec or None)`` under
-the unsplit model's names, and :func:`merge_grads` glues the ranks' pieces back, so a run
+the unsplit model's names, and :func:`parlab.tensor_parallel.merge_grads` glues the ranks' pieces back, so a run
 can be compared with the one-device model name by name.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from parlab.tensor_parallel.attention import MegatronAttention, SelfAttention
 from parlab.tensor_parallel.layers import TensorParallelMLP
-from parlab.tensor_parallel.sharding import merge
 
-__all__ = ["TensorParallelBlock", "parallelize", "shard_pieces", "merge_grads"]
+__all__ = ["TensorParallelBlock", "parallelize", "shard_pieces"]
 
 
 class TensorParallelBlock(nn.Module):
@@ -88,21 +86,3 @@ def shard_pieces(module: nn.Module) -> dict:
         if id(p) not in inside:
             out[name] = (p.detach(), None)
     return out
-
-
-def merge_grads(per_rank: list[dict]) -> dict:
-    """``{name: full tensor}`` from each rank's ``{name: (piece, ShardSpec or None)}``.
-
-    A piece without a spec is replicated: every rank must hold the same one.
-    """
-    merged = {}
-    for name, (first, spec) in per_rank[0].items():
-        pieces = [grads[name][0] for grads in per_rank]
-        if spec is None:
-            for rank, piece in enumerate(pieces[1:], start=1):
-                if not torch.allclose(piece, first, atol=1e-6):
-                    raise AssertionError(f"{name}: the replicated tensor differs on rank {rank}")
-            merged[name] = first
-        else:
-            merged[name] = merge(pieces, [grads[name][1] for grads in per_rank])
-    return merged

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "even_ranges",
-           "balanced_ranges", "check_degree", "divisors"]
+           "balanced_ranges", "check_degree", "check_positive", "divisors", "merge_grads"]
 
 #: The kinds of split :func:`plan` knows, with the unit each one counts.
 KINDS = {"rows": "rows", "columns": "columns", "neurons": "neurons", "heads": "heads",
@@ -103,7 +103,7 @@ class ShardSpec:
                 f"[dim {self.dim}, {self.start}:{self.stop}] -> local {self.local_shape}")
 
 
-def _positive(name: str, value) -> None:
+def check_positive(name: str, value) -> None:
     """Raise ValueError unless ``value`` is a positive int (not a bool): the subpackage's check."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -111,7 +111,7 @@ def _positive(name: str, value) -> None:
 
 def divisors(n: int) -> list[int]:
     """Every positive divisor of ``n``: the tensor-parallel degrees that split ``n`` evenly."""
-    _positive("n", n)
+    check_positive("n", n)
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -120,8 +120,8 @@ def check_degree(parts, n: int, what: str, name: str = "the number of ranks") ->
 
     ``name`` is how the error calls ``parts`` (the caller's argument, e.g. "world_size").
     """
-    _positive(name, parts)
-    _positive(f"the number of {what}", n)
+    check_positive(name, parts)
+    check_positive(f"the number of {what}", n)
     if parts > n:
         raise ValueError(f"{parts} ranks for {n} {what}: more ranks than {what} leaves some "
                          f"ranks with nothing; use at most {n} rank{'s' if n > 1 else ''}")
@@ -139,8 +139,8 @@ def even_ranges(n: int, parts: int, what: str = "rows") -> list[tuple[int, int]]
 
 def balanced_ranges(n: int, parts: int, what: str = "token ids") -> list[tuple[int, int]]:
     """``parts`` contiguous ranges whose sizes differ by at most one (the first are longer)."""
-    _positive("the number of ranks", parts)
-    _positive(f"the number of {what}", n)
+    check_positive("the number of ranks", parts)
+    check_positive(f"the number of {what}", n)
     if parts > n:
         raise ValueError(f"{parts} ranks for {n} {what}: more ranks than {what}; "
                          f"use at most {n} ranks")
@@ -165,7 +165,7 @@ def shard_spec(name: str, shape: Sequence[int], kind: str, parts: int, *, dim: i
     shape = tuple(int(s) for s in shape)
     if kind not in KINDS:
         raise ValueError(f"unknown kind of split {kind!r}; choose one of {list(KINDS)}")
-    _positive("parts", parts)
+    check_positive("parts", parts)
     if dim is None:
         dim = len(shape) - 1 if kind == "columns" else 0
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
@@ -177,7 +177,7 @@ def shard_spec(name: str, shape: Sequence[int], kind: str, parts: int, *, dim: i
     if kind == "heads":
         if n_heads is None:
             raise ValueError("a split by heads needs n_heads")
-        _positive("n_heads", n_heads)
+        check_positive("n_heads", n_heads)
         if n % n_heads:
             raise ValueError(f"{n_heads} heads do not divide the {n} elements of dim {dim}")
         unit = n // n_heads
@@ -220,3 +220,21 @@ def merge(pieces: Sequence[torch.Tensor], specs: Sequence[ShardSpec]) -> torch.T
 def describe(specs: Sequence[ShardSpec]) -> str:
     """One line per rank, as printed in the notebook."""
     return "\n".join(str(s) for s in specs)
+
+
+def merge_grads(per_rank: list[dict]) -> dict:
+    """``{name: full gradient}`` from each rank's ``{name: (piece, ShardSpec or None)}``.
+
+    A piece without a spec is a replicated gradient: every rank must hold the same one.
+    """
+    merged = {}
+    for name, (first, spec) in per_rank[0].items():
+        pieces = [grads[name][0] for grads in per_rank]
+        if spec is None:
+            for rank, piece in enumerate(pieces[1:], start=1):
+                if not torch.allclose(piece, first, atol=1e-6):
+                    raise AssertionError(f"{name}: the replicated gradient differs on rank {rank}")
+            merged[name] = first
+        else:
+            merged[name] = merge(pieces, [grads[name][1] for grads in per_rank])
+    return merged

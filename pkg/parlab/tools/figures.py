@@ -1,8 +1,9 @@
 """``python -m parlab.tools.figures`` regenerates every figure the chapters draw, as PNG.
 
-A maintainers' tool: readers never import it. Each chapter's drawing code registers its
-figures under the book's numbering (``fig-8-07-pipeline-step-5``) with
-:func:`parlab.viz.registry.figure`; this command imports every plot module and draws them.
+A maintainers' tool: readers never import it. Each chapter's experiment module registers
+the recipes of its figures under the book's numbering (``fig-8-07-pipeline-step-5``) with
+:func:`parlab.viz.figure`; this command imports every plot and experiment module and draws
+them.
 
     python -m parlab.tools.figures [--list] [--out FOLDER] [PATTERN ...]
 
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from parlab import experiments
 from parlab.viz import plots, registered
 
 __all__ = ["registry", "render", "main", "DPI", "METADATA"]
@@ -35,8 +37,9 @@ METADATA = {"Software": None}
 
 def registry() -> dict[str, tuple[str, Callable]]:
     """Every figure of every chapter: (title, make) by name, sorted."""
-    for info in pkgutil.iter_modules(plots.__path__):
-        importlib.import_module(f"{plots.__name__}.{info.name}")
+    for package in (plots, experiments):
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
     return registered()
 
 def render(names=None, directory: Path | None = None, progress: bool = True) -> list[Path]:

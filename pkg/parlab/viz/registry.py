@@ -1,7 +1,8 @@
 """The figure registry: every figure the chapters draw, under the book's numbering.
 
-Each plot module registers the figures it can draw (``@figure("fig-8-07-pipeline-step-5")``)
-beside its drawing code, so ``python -m parlab.tools.figures``, the HTML edition and the tests all
+Each chapter's experiment module (:mod:`parlab.experiments`) registers the recipes of its
+figures (``@figure("fig-8-07-pipeline-step-5")``): run or compute, then draw with
+:mod:`parlab.viz.plots`. So ``python -m parlab.tools.figures``, the HTML edition and the tests all
 see the same list without a hand-kept index.
 """
 
@@ -30,8 +31,8 @@ def figure(name: str, title: str = ""):
 
 
 def registered() -> dict[str, tuple[str, Callable]]:
-    """The figures registered so far (by the plot modules imported so far), sorted by name.
+    """The figures registered so far (by the modules imported so far), sorted by name.
 
-    :func:`parlab.tools.figures.registry` imports every plot module first, for the whole list.
+    :func:`parlab.tools.figures.registry` imports every experiment module first, for the whole list.
     """
     return dict(sorted(_REGISTRY.items()))

@@ -1,20 +1,21 @@
 """matplotlib drawings of the book's figures, one module per chapter. They draw; they do not compute.
 
-Each function takes what a run or a calculator returned and draws it; each module registers
-its figures (:func:`parlab.viz.registry.figure`) so ``python -m parlab.tools.figures`` finds them.
+Each function takes what a run or a calculator returned and draws it. The recipes that make
+each figure of the book (run or compute, then call a function here) are registered
+(:func:`parlab.viz.figure`) by the chapters' experiments, :mod:`parlab.experiments`, so
+``python -m parlab.tools.figures`` finds them.
 """
 
-from parlab.viz.plots.basics import show_collective
+from parlab.viz.plots.basics import before_after, show_collective
 from parlab.viz.plots.memory import (
-    checkpoint_curve, figure_8_1, figure_8_1_step, gpt3_split_figure, memory_bars, memory_split,
-    model_sizes_figure
+    checkpoint_curve, figure_8_1, figure_8_1_step, memory_bars, memory_split
 )
 from parlab.viz.plots.data_parallel import figure_8_2, loss_curves, scaling_figure, traffic_figure
 from parlab.viz.plots.pipeline import (
     comparison_figure, gantt_figure, step_caption, step_figure, sync_figure
 )
 from parlab.viz.plots.timeline import draw_trace, trace_figure
-from parlab.viz.plots.transformer import local_qkv_figure, qkv_example, transformer_figure
+from parlab.viz.plots.transformer import local_qkv_figure, transformer_figure
 from parlab.viz.plots.tensor_parallel import (
     attention_bytes_figure, book_attention_figure, ffn_figure, format_bytes, memory_figure,
     qkv_sharding_figure, strategy_figure
@@ -25,12 +26,12 @@ from parlab.viz.plots.sharded import (
     zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
 )
 
-__all__ = ["show_collective", "figure_8_1_step", "figure_8_1", "memory_bars", "memory_split",
-           "checkpoint_curve", "model_sizes_figure", "gpt3_split_figure", "figure_8_2",
-           "loss_curves", "traffic_figure", "scaling_figure", "step_figure", "gantt_figure",
-           "comparison_figure", "sync_figure", "step_caption", "transformer_figure", "qkv_example",
-           "local_qkv_figure", "qkv_sharding_figure", "book_attention_figure", "ffn_figure",
-           "attention_bytes_figure", "strategy_figure", "memory_figure", "format_bytes",
-           "layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure", "steps_figure",
-           "bytes_per_rank_figure", "zero_memory_figure", "zero_traffic_figure",
-           "zero3_timeline_figure", "zero_scaling_figure", "draw_trace", "trace_figure"]
+__all__ = ["show_collective", "before_after", "figure_8_1_step", "figure_8_1", "memory_bars",
+           "memory_split", "checkpoint_curve", "figure_8_2", "loss_curves", "traffic_figure",
+           "scaling_figure", "step_figure", "gantt_figure", "comparison_figure", "sync_figure",
+           "step_caption", "transformer_figure", "local_qkv_figure", "qkv_sharding_figure",
+           "book_attention_figure", "ffn_figure", "attention_bytes_figure", "strategy_figure",
+           "memory_figure", "format_bytes", "layouts_figure", "placement_figure", "cnn_figure",
+           "traffic_3d_figure", "steps_figure", "bytes_per_rank_figure", "zero_memory_figure",
+           "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "draw_trace",
+           "trace_figure"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from parlab.viz.registry import figure
 from parlab.viz.style import rank_color, show
 
 __all__ = ["format_values", "collective_table", "before_after", "show_collective"]
@@ -52,17 +51,3 @@ def show_collective(results, title: str) -> None:
     """Print the before/after table of a collective and draw it (results: (before, after) per rank)."""
     print(collective_table(results))
     show(before_after(results, title))
-
-
-def _demo_all_reduce():
-    import torch.distributed as dist
-    x = torch.arange(3.0) + 10 * dist.get_rank()
-    before = x.clone()
-    dist.all_reduce(x)
-    return before, x
-
-
-@figure("fig-00-all-reduce", "Getting started: four ranks before and after all_reduce(SUM)")
-def _all_reduce_figure():
-    from parlab.launch import run
-    return before_after(run(_demo_all_reduce, 4, backend="gloo"), "all_reduce (SUM) on 4 ranks")

@@ -1,19 +1,15 @@
 """Chapter 02 pictures: Figure 8-2 run for real, the traffic of data parallelism, and its scaling.
 
-The runs are :mod:`parlab.data_parallel`'s (:func:`~parlab.data_parallel.run_figure_8_2`,
-:func:`~parlab.data_parallel.traffic_table`, :func:`~parlab.data_parallel.sync_cost`); this
+The runs are chapter 02's experiments (:func:`parlab.experiments.run_figure_8_2`,
+:func:`parlab.data_parallel.traffic_table`, :func:`parlab.data_parallel.sync_cost`); this
 module only draws them.
 """
 
 from __future__ import annotations
 
-from parlab.data_parallel import (
-    FIGURE_8_2, SCALES, TOKENS_PER_GPU, BookRun, gradient_bytes, replica_names, run_figure_8_2,
-    sync_cost, traffic_table
-)
+from parlab.data_parallel import SCALES, TOKENS_PER_GPU, replica_names, sync_cost
 from parlab.comm import ALGORITHMS
-from parlab.models import GPT3_175B, compute_seconds, count_parameters
-from parlab.viz.registry import figure
+from parlab.models import compute_seconds
 from parlab.viz.style import GPU_COLORS, rank_color
 
 __all__ = ["figure_8_2", "loss_curves", "traffic_figure", "scaling_figure", "ALGORITHM_LABELS"]
@@ -23,8 +19,7 @@ __all__ = ["figure_8_2", "loss_curves", "traffic_figure", "scaling_figure", "ALG
 ALGORITHM_LABELS = {"tree": "tree (binomial, not pipelined)"}
 
 
-
-def figure_8_2(result: BookRun, item: int = 0, tolerance: float = 1e-6):
+def figure_8_2(result: "BookRun", item: int = 0, tolerance: float = 1e-6):
     """Figure 8-2 for real: per GPU its micro-batches, local, remote, averaged ∇, new weights.
 
     A last column shows one process trained on the whole batch: its gradient (labelled as
@@ -129,11 +124,6 @@ def loss_curves(runs: dict, reference_losses):
     return fig
 
 
-@figure("fig-8-02-data-parallel", "Figure 8-2 for real: A1 and A2, 4 + 4 micro-batches, gloo")
-def _figure_8_2_default():
-    return figure_8_2(run_figure_8_2())
-
-
 # --------------------------------------------------------------------------- traffic (toy backend)
 
 
@@ -161,12 +151,6 @@ def traffic_figure(table, gradient: int):
     fig.suptitle(f"Gradient all-reduce traffic per GPU (gradient = {gradient} bytes)", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-@figure("fig-02-traffic-per-rank", "Bytes per GPU per step: ring vs naive all-reduce (toy backend)")
-def _traffic_default():
-    spec = FIGURE_8_2.replace(bucket_cap_bytes=10**6)
-    return traffic_figure(traffic_table(spec), gradient_bytes(spec))
 
 
 # --------------------------------------------------------------------------- at cluster scale
@@ -206,8 +190,3 @@ def scaling_figure(params: float, gpus: int, gbps: float, algorithm: str, dtype_
     fig.tight_layout()
     return fig
 
-
-@figure("fig-02-traffic-scaling", "Data-parallel traffic and time per step from 2 to 16384 GPUs")
-def _scaling_default():
-    return scaling_figure(count_parameters(GPT3_175B)["total"], 1024, 400, "ring",
-                          label="GPT-3 175B")

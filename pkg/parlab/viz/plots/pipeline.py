@@ -12,7 +12,6 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from parlab.pipeline import action_code
-from parlab.viz.registry import figure
 from parlab.viz.style import GPU_COLORS, rank_color
 
 __all__ = ["draw_step", "draw_gantt", "step_figure", "gantt_figure", "comparison_figure",
@@ -254,42 +253,3 @@ def sync_figure(run, index: tuple = (0, 0)):
                  fontsize=10)
     fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.9)
     return fig
-
-
-# --------------------------------------------------------------------------- registry
-
-
-def _book_simulation():
-    from parlab.pipeline import schedule, simulate
-    return simulate(schedule("book", stages=4, microbatches=4))
-
-
-def _register_steps():
-    for step in range(1, 12):
-        def make(step=step):
-            return step_figure(_book_simulation(), step)
-        figure(f"fig-8-{step + 2:02d}-pipeline-step-{step}",
-               f"Figure 8-{step + 2}: the book's schedule, time step {step}")(make)
-
-
-_register_steps()
-
-
-@figure("fig-8-14-pipeline-data-sync", "Figure 8-14: two 4-stage pipeline replicas on 8 GPUs, "
-                                      "gradients synced")
-def _sync():
-    from parlab.hybrid import pipeline_data_parallel
-    from parlab.pipeline import schedule
-    return sync_figure(pipeline_data_parallel(schedule("book", stages=4, microbatches=2), 2))
-
-
-@figure("fig-03-schedule-comparison", "Naive, GPipe, 1F1B, interleaved: bubble, memory, traffic")
-def _comparison():
-    return comparison_figure()
-
-
-@figure("fig-03-schedule-gantt", "Gantt charts of the book's schedule, GPipe, 1F1B, interleaved")
-def _gantt():
-    from parlab.pipeline import schedule, simulate
-    return gantt_figure([simulate(schedule(name, 4, 4, 2 if name == "interleaved" else 1))
-                         for name in ("book", "gpipe", "1f1b", "interleaved")])

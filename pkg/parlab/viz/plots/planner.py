@@ -10,7 +10,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from parlab.viz.registry import figure
 from parlab.viz.style import rank_color
 
 __all__ = ["layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure",
@@ -191,29 +190,3 @@ def traffic_3d_figure(run):
                  fontsize=10)
     fig.tight_layout()
     return fig
-
-
-@figure("fig-05-planner-layouts", "GPT-3 175B on 1,024 GPUs of 80 GB: step time and memory "
-        "of the best layouts")
-def _planner_layouts():
-    from parlab.hybrid import search
-    return layouts_figure(search("GPT-3 175B", 1024, 80))
-
-
-@figure("fig-05-rank-placement", "Rank placement: tensor groups in a server, stages along "
-        "rails (dp 2 x tp 4 x pp 4 on 4 servers of 8)")
-def _rank_placement():
-    return placement_figure(2, 4, 4)
-
-
-@figure("fig-05-cnn-compute-vs-params", "A small CNN: compute in the convolutions, parameters "
-        "in the fully connected layers, and the communication per strategy")
-def _cnn():
-    from parlab.models import SmallCNN, profile
-    return cnn_figure(profile(SmallCNN(), (3, 32, 32), batch=8))
-
-
-@figure("fig-05-3d-traffic", "The 8-rank 3D job (dp 2 x tp 2 x pp 2): bytes by group and link")
-def _traffic_3d():
-    from parlab.hybrid import run_3d
-    return traffic_3d_figure(run_3d(backend="toy"))

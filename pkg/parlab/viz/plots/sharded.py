@@ -1,16 +1,15 @@
-"""Chapter 06 pictures: what each rank holds and sends under ZeRO and FSDP, and how it scales."""
+"""Chapter 06 pictures: what each rank holds and sends under ZeRO and FSDP, and how it scales.
+
+They draw the tables and logs of chapter 06's runs (:mod:`parlab.experiments`) and of
+:func:`parlab.sharded.zero_scaling`; they compute nothing.
+"""
 
 from __future__ import annotations
 
-import functools
-
 import matplotlib.pyplot as plt
 
-from parlab.sharded import (
-    ShardSpec, stage_table, STATE_PARTS, train, zero_scaling
-)
+from parlab.sharded import STATE_PARTS
 from parlab.viz.plots.memory import PART_COLORS
-from parlab.viz.registry import figure
 
 __all__ = ["zero_memory_figure", "zero_traffic_figure", "zero3_timeline_figure",
            "zero_scaling_figure", "STAGE_COLORS"]
@@ -109,31 +108,3 @@ def zero_scaling_figure(table, params: float, capacity_gb: float = 80):
     right.set_title("ring traffic at 400 Gb/s vs compute at 40 % of an H100")
     fig.tight_layout()
     return fig
-
-
-@functools.cache
-def _table():
-    """The chapter's runs, made once for both figures that draw them."""
-    return stage_table()
-
-
-@figure("fig-06-zero-memory", "Model states per rank under ZeRO 0-3 and FSDP2, measured vs formula")
-def _memory():
-    return zero_memory_figure(_table())
-
-
-@figure("fig-06-zero-traffic", "Bytes per rank and step under ZeRO 0-3 and FSDP2 (toy backend)")
-def _traffic():
-    return zero_traffic_figure(_table())
-
-
-@figure("fig-06-zero3-timeline", "One ZeRO-3 step, collective by collective and layer by layer")
-def _timeline():
-    spec = ShardSpec(steps=1)
-    return zero3_timeline_figure(train(3, 2, spec, backend="toy").collectives(),
-                                 len(spec.sizes) - 1)
-
-
-@figure("fig-06-zero-scaling", "ZeRO from 8 to 1024 GPUs: memory, traffic and compute")
-def _scaling():
-    return zero_scaling_figure(zero_scaling(7.5e9), 7.5e9)

@@ -3,7 +3,7 @@ the bytes of each collective (Figure 8-18), Figure 8-19's six GPUs with bytes pe
 the bytes of the three attention splits side by side.
 
 Everything is drawn from shard specs and from the toy backend's traffic of a real run
-(a :class:`parlab.tensor_parallel.Comparison`), so the numbers on a figure are the ones
+(a :class:`parlab.experiments.Comparison`), so the numbers on a figure are the ones
 the ranks moved.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from parlab.viz.registry import figure
 from parlab.units import format_bytes
 from parlab.viz.style import GPU_COLORS
 
@@ -156,7 +155,7 @@ def book_attention_figure(comparison):
 
 def ffn_figure(comparison, phases=("forward", "backward")):
     """Figure 8-19: three servers of two GPUs, each GPU's neurons, and the bytes per link,
-    one panel per phase (from a toy run of :func:`parlab.tensor_parallel.run_ffn`)."""
+    one panel per phase (from a toy run of :func:`parlab.experiments.run_ffn`)."""
     if comparison.traffic is None:
         raise ValueError("the figure needs a run on the toy backend (backend='toy')")
     fig, axes = plt.subplots(len(phases), 1, figsize=(12, 4.6 * len(phases)), squeeze=False)
@@ -272,33 +271,3 @@ def memory_figure(rows: list[dict], capacity: float = 80e9, title: str = ""):
     ax.margins(y=0.15)
     fig.tight_layout()
     return fig
-
-
-# --------------------------------------------------------------------------- the registry
-
-@figure("fig-8-17-qkv-sharding", "Figure 8-17: W_Q, W_K, W_V split by columns over A1 and A2")
-def _fig_8_17():
-    return qkv_sharding_figure()
-
-
-@figure("fig-8-18-attention-tensor-parallel",
-        "Figure 8-18: the book's attention on A1 and A2, bytes per collective (toy backend)")
-def _fig_8_18():
-    from parlab.tensor_parallel import run_attention
-    return book_attention_figure(run_attention("book", backend="toy"))
-
-
-@figure("fig-8-19-ffn-tensor-pipeline",
-        "Figure 8-19: the feed-forward layer on 6 GPUs, bytes per NVLink and rail link")
-def _fig_8_19():
-    from parlab.tensor_parallel import run_ffn
-    return ffn_figure(run_ffn(backend="toy"))
-
-
-@figure("fig-04-attention-bytes", "Chapter 04: bytes of the book's, Megatron's and PyTorch's "
-                                  "attention at GPT-3 size (formulas checked on the toy backend)")
-def _fig_attention_bytes():
-    from parlab.tensor_parallel import attention_bytes, total
-    rows = {v: total(attention_bytes(v, 1, 2048, 12288, n=8, element=2))
-            for v in ("book", "megatron", "pytorch")}
-    return attention_bytes_figure(rows, "one GPT-3 attention layer, 8 GPUs, fp16, 2048 tokens")

@@ -12,8 +12,7 @@ import math
 
 import matplotlib.pyplot as plt
 
-from parlab.viz.registry import figure
-from parlab.comm import TrafficLog, run_with_traffic
+from parlab.comm import TrafficLog
 from parlab.units import format_bytes
 from parlab.viz.style import rank_color
 
@@ -90,28 +89,3 @@ def bytes_per_rank_figure(logs: dict, title: str = "bytes each rank sends"):
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
-
-
-def _all_reduce_16_floats():
-    import torch
-    import torch.distributed as dist
-    dist.all_reduce(torch.ones(16))
-
-
-def _demo_logs():
-    return {name: run_with_traffic(_all_reduce_16_floats, 4, algorithm=name)[1]
-            for name in ("ring", "naive")}
-
-
-@figure("fig-00-toy-ring-traffic",
-        "Getting started: a ring all_reduce of 64 bytes on 4 ranks, step by step")
-def _ring_figure():
-    ring = _demo_logs()["ring"]
-    return steps_figure(ring, title="ring all_reduce of 16 float32 (64 B) on 4 ranks", columns=3)
-
-
-@figure("fig-00-ring-vs-naive-bytes",
-        "Getting started: bytes each rank sends, ring vs naive all_reduce")
-def _ring_vs_naive_figure():
-    return bytes_per_rank_figure(_demo_logs(),
-                                 "all_reduce of 64 B on 4 ranks: bytes each rank sends")

@@ -4,20 +4,17 @@ real objects.
 Figure 8-15 is the decoder stack, labelled with the parameter counts that
 :func:`parlab.models.count_parameters` derives from a configuration (GPT-3 175B by
 default). Figure 8-16 is the first step of self-attention on one GPU: a few tokens' embedding
-vectors times W_Q, W_K and W_V. It is drawn from a real model built by
-:func:`parlab.models.build_model`, and the Q, K, V it shows are what that model's projection
-layers return (checked when the figure is drawn).
+vectors times W_Q, W_K and W_V, drawn from the numbers :func:`parlab.experiments.qkv_example`
+computes with a real model (its Q, K, V are what that model's projection layers return).
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import torch
 
-from parlab.viz.registry import figure
-from parlab.models import GPT3_175B, TransformerConfig, build_model, count_parameters
+from parlab.models import GPT3_175B, TransformerConfig, count_parameters
 
-__all__ = ["transformer_figure", "qkv_example", "local_qkv_figure"]
+__all__ = ["transformer_figure", "local_qkv_figure"]
 
 
 def _count(n: int) -> str:
@@ -92,31 +89,12 @@ def transformer_figure(config: TransformerConfig = GPT3_175B):
     return fig
 
 
-def qkv_example(tokens=(3, 7, 1, 5), seed: int = 0) -> dict[str, torch.Tensor]:
-    """X (the normalized embeddings of ``tokens``), the three weight matrices, and Q, K, V.
+def local_qkv_figure(m: dict):
+    """Figure 8-16: X times W_Q, W_K, W_V on one GPU, as heat maps of the real numbers.
 
-    Built from a real small model (d_model 8, 2 heads). Q, K, V are computed by hand as
-    X W^T + b and checked against the model's own projection layers.
+    ``m`` holds X, W_Q, W_K, W_V, Q, K and V, as :func:`parlab.experiments.qkv_example`
+    computes them.
     """
-    config = TransformerConfig("figure-8-16", d_model=8, n_layers=1, n_heads=2, d_ff=32,
-                               vocab=16, context=len(tokens))
-    model = build_model(config, seed=seed)
-    attn = model.blocks[0].attn
-    with torch.no_grad():
-        idx = torch.tensor(tokens)
-        x = model.blocks[0].ln1(model.wte(idx) + model.wpe(torch.arange(len(tokens))))
-        out = {"X": x}
-        for name, proj in (("Q", attn.q_proj), ("K", attn.k_proj), ("V", attn.v_proj)):
-            by_hand = x @ proj.weight.T + proj.bias
-            torch.testing.assert_close(by_hand, proj(x))  # the layer does what the figure shows
-            out[f"W_{name}"] = proj.weight.T.detach()
-            out[name] = by_hand
-    return out
-
-
-def local_qkv_figure(tokens=(3, 7, 1, 5), seed: int = 0):
-    """Figure 8-16: X times W_Q, W_K, W_V on one GPU, as heat maps of the real numbers."""
-    m = qkv_example(tokens, seed)
     fig, axes = plt.subplots(3, 3, figsize=(10, 7.2), layout="constrained",
                              gridspec_kw={"width_ratios": [1, 1, 1]})
     limit = max(float(t.abs().max()) for t in m.values())  # one scale for all nine panels
@@ -140,13 +118,3 @@ def local_qkv_figure(tokens=(3, 7, 1, 5), seed: int = 0):
     fig.colorbar(image, ax=axes, shrink=0.6, pad=0.02,
                  label="value of each entry (one colour scale for all nine panels)")
     return fig
-
-
-@figure("fig-8-15-transformer", "Figure 8-15: GPT-3's decoder stack, counted from its config")
-def _figure_8_15():
-    return transformer_figure(GPT3_175B)
-
-
-@figure("fig-8-16-local-qkv", "Figure 8-16: Q, K, V from the embeddings on one GPU")
-def _figure_8_16():
-    return local_qkv_figure()

@@ -1,38 +1,14 @@
-"""Chapter 02 explorers: Figure 8-2 on real ranks, and data-parallel traffic at cluster scale."""
+"""Chapter 02 explorers: data-parallel traffic at cluster scale.
+
+The Figure 8-2 explorer starts ranks, so it is chapter 02's experiment
+(:func:`parlab.experiments.book_step_explorer`).
+"""
 
 from __future__ import annotations
 
-from parlab.viz.plots.data_parallel import FIGURE_8_2, figure_8_2, run_figure_8_2
 from parlab.viz.explorer import Explorer, explore
 
-__all__ = ["draw_book_step", "book_step_explorer", "draw_scaling", "scaling_explorer"]
-
-
-def draw_book_step(ranks: int, how: str, steps: int):
-    """Run Figure 8-2's step on ``ranks`` real ranks (gloo), print the table, draw the figure."""
-    result = run_figure_8_2(FIGURE_8_2.replace(steps=steps), world_size=ranks, how=how)
-    print(result.table())
-    print(f"replicas equal one process (to 1e-6): {result.max_difference() < 1e-6}; "
-          f"replicas bit-for-bit identical: {result.replicas_identical()}")
-    return figure_8_2(result)
-
-
-def book_step_explorer(ranks: int = 2, how: str = "all_gather",
-                       steps: int = FIGURE_8_2.steps) -> Explorer:
-    """Replicas (1, 2, 4), the exchange (all_gather or all_reduce), and training steps.
-
-    The defaults are :func:`run_figure_8_2`'s, so the explorer opens on the step the chapter
-    draws just above it.
-    """
-    import ipywidgets as w
-
-    controls = {
-        "ranks": w.Dropdown(options=[1, 2, 4], value=ranks, description="replicas"),
-        "how": w.Dropdown(options=["all_gather", "all_reduce"], value=how,
-                          description="exchange"),
-        "steps": w.IntSlider(value=steps, min=1, max=10, description="steps"),
-    }
-    return explore(draw_book_step, controls, "Figure 8-2 on real ranks (replicas, exchange, steps)")
+__all__ = ["draw_scaling", "scaling_explorer"]
 
 
 def draw_scaling(model: str, gpus: int, gbps: int, algorithm: str, dtype: str):

@@ -1,13 +1,14 @@
-"""Chapter 04's experiments: a tensor-parallel layer on real ranks, beside its single-device twin.
+"""Chapter 04's experiments: attention and Figure 8-19's network on real ranks, beside their
+single-device twins.
 
 Why this module exists: a notebook cell should say "run the book's attention on 2 ranks"
 and get back everything it needs to show: the output, the gradients of every weight and
 of the input (merged from the ranks' pieces), the same from the single-device layer, and,
 on the toy backend, every transfer split into forward and backward. The layers live in
 :mod:`parlab.tensor_parallel.layers`, :mod:`parlab.tensor_parallel.attention` and :mod:`parlab.tensor_parallel.ffn`; this module
-only runs them and packages what happened. For PyTorch's DTensor layer, :class:`CommBytes`
-(PyTorch's own ``CommDebugMode``, plus each collective's bytes) says which collectives it
-issued, from which module, in which pass.
+only runs them and packages what happened. For PyTorch's DTensor layer,
+:class:`parlab.tensor_parallel.CommBytes` (PyTorch's own ``CommDebugMode``, plus each
+collective's bytes) says which collectives it issued, from which module, in which pass.
 
 Each experiment has a ``*_rank`` function (what one rank does; picklable, so
 :func:`parlab.launch.run` can ship it) and a ``run_*`` function for the notebook.
@@ -16,22 +17,23 @@ Each experiment has a ``*_rank`` function (what one rank does; picklable, so
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor.debug import CommDebugMode
-from torch.utils._pytree import tree_leaves
 
+from parlab.comm import TrafficLog
 from parlab.comm.toy import transfers
 from parlab.launch import run
-from parlab.tensor_parallel.sharding import _positive, check_degree, merge
-from parlab.tensor_parallel.parallelize import merge_grads
+from parlab.tensor_parallel import (
+    BookAttention, check_degree, check_ffn_run, check_grad_sync, check_heads, check_positive,
+    CommBytes, dtensor_attention, dtensor_local_grads, FIGURE_8_19_SIZES, ffn_rank, layout,
+    merge, merge_grads, MegatronAttention, reference_ffn, SelfAttention
+)
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
            "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
-           "merge_grads", "max_difference", "CommBytes", "collective_wire_bytes"]
+           "max_difference"]
 
 #: The three ways chapter 04 splits self-attention across ranks.
 ATTENTION_VARIANTS = {
@@ -67,88 +69,8 @@ class _Phases:
                 for name, a, b in zip(names, self.marks, self.marks[1:])}
 
 
-# --------------------------------------------------------------------------- collectives seen
-
-_ANSI = re.compile(r"\x1B\[[0-?]*[ -/]*[@-~]")  # the colour codes in CommDebugMode's table
-_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
-        "gather", "scatter")  # "allreduce" before "reduce": the first name a call contains wins
-
-
-class CommBytes(CommDebugMode):
-    """PyTorch's ``CommDebugMode``, which also keeps each collective's payload bytes.
-
-    ``with CommBytes() as comm: ...`` counts the collectives run inside it exactly as
-    ``torch.distributed.tensor.debug.CommDebugMode`` does (``get_comm_counts()``, per module
-    and pass in ``comm_module_counts``, :meth:`table`), and also keeps ``records``:
-    ``(op, payload bytes)`` per collective in call order, ``op`` named as
-    :func:`parlab.comm.ring_wire_bytes` names it and the payload being the whole tensor (what
-    an all-reduce sums, what an all-gather assembles, what a reduce-scatter is handed).
-    ``phases[i]`` says whether ``records[i]`` ran in the forward or the backward pass, as
-    CommDebugMode's module tracker saw it. DTensor issues its collectives through the
-    dispatcher (``_c10d_functional``), where this mode reads them, on any backend.
-    """
-
-    #: The keys of :meth:`report`, what a run hands back from the ranks.
-    REPORT = ("collectives", "comm_counts", "comm_table")
-
-    def __init__(self):
-        super().__init__()
-        self.records: list[tuple[str, int]] = []
-        self.phases: list[str] = []
-
-    def __enter__(self):
-        self.records.clear()  # CommDebugMode clears its counts on entering
-        self.phases.clear()
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        counted = self.get_total_counts()
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.get_total_counts() > counted:  # CommDebugMode counted it: a collective
-            squashed = func._overloadpacket.__name__.replace("_", "")
-            op = next((o for o in _OPS if o.replace("_", "") in squashed), squashed)
-            sizes = [sum(t.nbytes for t in tree_leaves(x) if isinstance(t, torch.Tensor))
-                     for x in (args[0], out)]
-            self.records.append((op, max(sizes)))
-            self.phases.append("backward" if self.advanced_module_tracker.is_bw else "forward")
-        return out
-
-    def by_phase(self) -> dict:
-        """``{"forward": [(op, bytes)], "backward": [...]}``, each in call order."""
-        return {phase: [r for r, p in zip(self.records, self.phases) if p == phase]
-                for phase in ("forward", "backward")}
-
-    def phase_counts(self) -> dict:
-        """CommDebugMode's own counts per pass: ``{phase: {op name: count}}`` (all modules)."""
-        every = self.comm_module_counts["Global"]
-        return {phase: {str(op): n for op, n in every[phase].items()}
-                for phase in ("forward", "backward")}
-
-    def report(self) -> dict:
-        """Plain data for a run's ``info``: :meth:`by_phase`, :meth:`phase_counts`, :meth:`table`."""
-        return dict(zip(self.REPORT, (self.by_phase(), self.phase_counts(), self.table(0))))
-
-    def table(self, noise_level: int = 0) -> str:
-        """CommDebugMode's tracing table, module by module, as plain text (no colour codes).
-
-        ``noise_level`` 0 lists the collectives each module ran forward and backward;
-        1 adds every DTensor operation with its shapes and placements, 2 and 3 more.
-        """
-        if isinstance(noise_level, bool) or noise_level not in (0, 1, 2, 3):
-            raise ValueError(f"noise_level must be 0, 1, 2 or 3, got {noise_level!r}")
-        return _ANSI.sub("", self.generate_comm_debug_tracing_table(noise_level)).rstrip()
-
-
-def collective_wire_bytes(collectives: dict, n: int) -> dict:
-    """``{phase: bytes}`` on the wire for ``{phase: [(op, payload bytes)]}`` (ring algorithms)."""
-    from parlab.comm import ring_wire_bytes
-    return {phase: sum(ring_wire_bytes(op, payload, n) for op, payload in records)
-            for phase, records in collectives.items()}
-
-
 def phase_split(results: list[dict]) -> dict | None:
     """Every rank's transfers per phase, joined: ``{phase: TrafficLog}`` (None off toy)."""
-    from parlab.comm import TrafficLog
     if results[0].get("traffic") is None:
         return None
     phases: dict = {}
@@ -236,7 +158,6 @@ def _attention_inputs(d_model, batch, seq, seed):
 
 def reference_attention(d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=0) -> dict:
     """The single-device layer's output and gradients for the experiment's input and loss."""
-    from parlab.tensor_parallel.attention import SelfAttention
     ref = SelfAttention(d_model, n_heads, causal, seed=seed)
     x, weight = _attention_inputs(d_model, batch, seq, seed)
     x.requires_grad_()
@@ -250,17 +171,15 @@ def reference_attention(d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=
 def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=0,
                    grad_sync="all_reduce", prepare_input=True) -> dict:
     """One rank's part of :func:`run_attention`: build the variant, forward, backward."""
-    from parlab.tensor_parallel import attention as tpa
-    from parlab.tensor_parallel.dtensor import dtensor_local_grads
-    ref = tpa.SelfAttention(d_model, n_heads, causal, seed=seed)
+    ref = SelfAttention(d_model, n_heads, causal, seed=seed)
     x, weight = _attention_inputs(d_model, batch, seq, seed)
     if variant == "book":
-        layer = tpa.BookAttention(ref, grad_sync=grad_sync)
+        layer = BookAttention(ref, grad_sync=grad_sync)
         x = x if dist.get_rank() == 0 else torch.zeros_like(x)  # only A1 has the embeddings
     elif variant == "megatron":
-        layer = tpa.MegatronAttention(ref)
+        layer = MegatronAttention(ref)
     elif variant == "pytorch":
-        layer = tpa.dtensor_attention(ref, prepare_input=prepare_input)
+        layer = dtensor_attention(ref, prepare_input=prepare_input)
     else:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
     x.requires_grad_()
@@ -286,19 +205,18 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
 
     The input's gradient is the one on rank 0 (A1), which for the book's variant is the only
     rank that holds the embeddings. ``grad_sync`` applies to the book's variant (see
-    :class:`parlab.tensor_parallel.attention.BookAttention`), ``prepare_input`` to PyTorch's (see
-    :func:`parlab.tensor_parallel.attention.dtensor_attention`). For PyTorch's variant,
-    ``info`` holds what :class:`CommBytes` saw on rank 0: ``collectives`` (``{phase: [(op,
+    :class:`parlab.tensor_parallel.BookAttention`), ``prepare_input`` to PyTorch's (see
+    :func:`parlab.tensor_parallel.dtensor_attention`). For PyTorch's variant,
+    ``info`` holds what :class:`parlab.tensor_parallel.CommBytes` saw on rank 0: ``collectives`` (``{phase: [(op,
     payload bytes)]}``), ``comm_counts`` (CommDebugMode's ``{phase: {op: count}}``) and
     ``comm_table`` (its table at noise level 0, plain text); for the others they are None.
     """
-    from parlab.tensor_parallel.attention import _check_grad_sync, _check_heads
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
-    _check_heads(d_model, n_heads)  # every check here runs before any rank starts
-    _positive("batch", batch)
-    _positive("seq", seq)
-    _check_grad_sync(grad_sync)
+    check_heads(d_model, n_heads)  # every check here runs before any rank starts
+    check_positive("batch", batch)
+    check_positive("seq", seq)
+    check_grad_sync(grad_sync)
     if variant == "book":  # the same messages as the layers' own checks on the ranks
         check_degree(world_size, d_model, "features of the hidden size (d_model)", "world_size")
     else:
@@ -320,7 +238,6 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
 
 def ffn_experiment_rank(sizes, tensor, batch, micro_batches, activation, seed) -> dict:
     """One rank of :func:`run_ffn`: :func:`parlab.tensor_parallel.ffn_rank` with the log split in phases."""
-    from parlab.tensor_parallel.ffn import ffn_rank
     phases = _Phases()  # ffn_rank marks after making its groups, and after the forward pass
     result = ffn_rank(sizes, tensor, batch, micro_batches, activation, seed, marks=phases.mark)
     phases.mark()
@@ -334,10 +251,9 @@ def run_ffn(sizes=None, tensor: int = 2, batch: int = 4, micro_batches: int = 2,
 
     ``info["placements"]`` lists each rank's GPU, stage and neurons.
     """
-    from parlab.tensor_parallel.ffn import FIGURE_8_19_SIZES, _check_run, layout, reference_ffn
     sizes = tuple(FIGURE_8_19_SIZES if sizes is None else sizes)
     places = layout(sizes, tensor)  # raises before any rank starts if the split is impossible
-    _check_run(batch, micro_batches, activation)
+    check_ffn_run(batch, micro_batches, activation)
     results = run(ffn_experiment_rank, len(places), sizes, tensor, batch, micro_batches,
                   activation, seed, backend=backend)
     last = [r for r in results if r["output"] is not None]

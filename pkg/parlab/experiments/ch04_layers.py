@@ -1,9 +1,9 @@
 """Run the smaller tensor-parallel pieces on real ranks: the two embeddings, and one linear layer
 under each of the slide deck's three strategies (the Megatron MLP is in
-:mod:`parlab.tensor_parallel.mlp_runs`).
+:mod:`parlab.experiments.ch04_mlp`).
 
 Why a module of its own: each run here is the same three moves as the attention runs in
-:mod:`parlab.tensor_parallel` (build from a single-device layer, forward and backward on
+:mod:`parlab.experiments.ch04_attention` (build from a single-device layer, forward and backward on
 every rank, merge the pieces and compare), on the layers of :mod:`parlab.tensor_parallel.layers`.
 With ``backend="toy"`` every run also returns its traffic, split into forward and backward,
 which is what the chapter's byte counts are made of.
@@ -22,9 +22,11 @@ import torch.distributed as dist
 from torch import nn
 
 from parlab.launch import run
-from parlab.tensor_parallel.parallelize import merge_grads
-from parlab.tensor_parallel.runs import Comparison, _Phases, phase_split
-from parlab.tensor_parallel.sharding import _positive, balanced_ranges, check_degree
+from parlab.experiments.ch04_attention import Comparison, _Phases, phase_split
+from parlab.tensor_parallel import (
+    all_gather_cat, balanced_ranges, BroadcastEmbedding, check_degree, check_positive,
+    ColumnParallelLinear, merge_grads, RowParallelLinear, shard_spec, VocabParallelEmbedding
+)
 
 __all__ = ["run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "embedding_rank",
            "strategy_rank"]
@@ -85,7 +87,6 @@ def _embedding_setup(vocab, d_model, batch, seq, seed, world_size):
 
 def embedding_rank(kind, vocab, d_model, batch, seq, seed) -> dict:
     """One rank of :func:`run_embedding`."""
-    from parlab.tensor_parallel.layers import BroadcastEmbedding, VocabParallelEmbedding
     rank, size = dist.get_rank(), dist.get_world_size()
     table, ids, weights = _embedding_setup(vocab, d_model, batch, seq, seed, size)
     if kind == "vocab":
@@ -106,7 +107,7 @@ def run_embedding(kind: str, vocab: int = 10, d_model: int = 4, batch: int = 2, 
         raise ValueError(f"unknown embedding {kind!r}; choose one of {list(EMBEDDINGS)}")
     for name, value in (("vocab", vocab), ("d_model", d_model), ("batch", batch), ("seq", seq),
                         ("world_size", world_size)):
-        _positive(name, value)
+        check_positive(name, value)
     balanced_ranges(vocab, world_size)  # more ranks than token ids is an error before launching
     results = run(embedding_rank, world_size, kind, vocab, d_model, batch, seq, seed,
                   backend=backend)
@@ -130,9 +131,6 @@ def _strategy_setup(batch, c_in, c_out, seed):
 
 def strategy_rank(strategy, batch, c_in, c_out, seed) -> dict:
     """One rank of :func:`run_layer_strategy`."""
-    from parlab.tensor_parallel.sharding import shard_spec
-    from parlab.tensor_parallel.mappings import all_gather_cat
-    from parlab.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     rank, size = dist.get_rank(), dist.get_world_size()
     linear, x, weight = _strategy_setup(batch, c_in, c_out, seed)
     if strategy == "data":
@@ -161,7 +159,7 @@ def run_layer_strategy(strategy: str, batch: int = 4, c_in: int = 6, c_out: int 
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
     for name, value in (("batch", batch), ("c_in", c_in), ("c_out", c_out)):
-        _positive(name, value)
+        check_positive(name, value)
     n, what = {"data": (batch, "samples of the batch"),
                "partition_output": (c_out, "output features (C_out)"),
                "reduce_output": (c_in, "input features (C_in)")}[strategy]

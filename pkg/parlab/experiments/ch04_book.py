@@ -33,14 +33,22 @@ from parlab.comm import ring_wire_bytes
 from parlab.memory import activations_per_layer, model_state_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
 from parlab.pipeline import schedule, simulate
-from parlab.tensor_parallel.attention import SelfAttention, attend
-from parlab.tensor_parallel.ffn import FIGURE_8_19_SIZES
-from parlab.tensor_parallel.sharding import _positive
+from parlab.tensor_parallel import attend, check_positive, FIGURE_8_19_SIZES, SelfAttention
 
-__all__ = ["CollectiveCall", "collective_calls", "calls_table", "gradient_shard_bytes",
+__all__ = ["BOOK_SAYS", "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table", "gradient_shard_bytes",
            "ffn_backward_sums",
            "layer_memory", "book_rounding", "column_split_input", "softmax_and_context",
            "ffn_widths", "embedding_wire_bytes"]
+
+#: What the chapter states, to set beside the computed counts.
+BOOK_SAYS = {"attention": 605e6, "feed_forward": 1.2e9, "blocks": 173e9, "total": 175e9}
+
+
+def gpt3_counts(config: TransformerConfig | str = GPT3_175B) -> dict:
+    """Parameters per attention layer, feed-forward layer, block, all blocks, and in total."""
+    counts = count_parameters(get_config(config))
+    return {k: counts[k] for k in ("attention", "feed_forward", "block", "blocks",
+                                   "token_embedding", "position_embedding", "total")}
 
 
 # --------------------------------------------------------------------------- what moved
@@ -96,7 +104,7 @@ def calls_table(calls: list[CollectiveCall]) -> str:
 def gradient_shard_bytes(comparison, rank: int = 0) -> dict:
     """``{parameter: bytes}`` of the *sharded* weight gradients one rank holds after a run.
 
-    ``comparison`` is what :func:`parlab.tensor_parallel.run_attention` returns; a gradient
+    ``comparison`` is what :func:`parlab.experiments.run_attention` returns; a gradient
     with a ShardSpec is one rank's piece (4-byte floats), a replicated one is left out.
     """
     specs = comparison.info["specs"][rank]
@@ -105,7 +113,7 @@ def gradient_shard_bytes(comparison, rank: int = 0) -> dict:
 
 
 def ffn_backward_sums(comparison) -> list[dict]:
-    """Per stage of a :func:`parlab.tensor_parallel.run_ffn` run: what its backward pass summed.
+    """Per stage of a :func:`parlab.experiments.run_ffn` run: what its backward pass summed.
 
     ``all_reduces`` ran inside the stage's server; ``tensor_bytes`` are the sizes of the
     tensors they carried (read from the toy log), ``input_gradient_bytes`` the size of
@@ -143,8 +151,8 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float =
     on a GPU; the bubble is GPipe's at ``microbatches`` micro-batches (from the simulator).
     """
     c = get_config(config)
-    _positive("tp", tp)
-    _positive("microbatches", microbatches)
+    check_positive("tp", tp)
+    check_positive("microbatches", microbatches)
     counts = count_parameters(c)
 
     def states(parameters):
@@ -197,8 +205,8 @@ def column_split_input(d_model: int = 8, tokens: int = 4, parts: int = 2, seed: 
     as in Figures 8-17 and 8-18. With the whole X the slice is exact; with X "distributed"
     (rank 0 holding only its share of X's features) it is a partial sum, and wrong.
     """
-    _positive("d_model", d_model)
-    _positive("tokens", tokens)
+    check_positive("d_model", d_model)
+    check_positive("tokens", tokens)
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 2 or d_model % parts:
         raise ValueError(f"parts must be an int >= 2 that divides d_model={d_model}, got {parts!r}")
     g = torch.Generator().manual_seed(seed)
@@ -251,8 +259,8 @@ def embedding_wire_bytes(vectors_bytes: int, n: int) -> dict:
     The book's layout: a broadcast forward and a reduce of the vectors' gradients backward;
     the vocabulary split: one all-reduce forward, nothing backward (ring algorithms).
     """
-    _positive("vectors_bytes", vectors_bytes)
-    _positive("n", n)
+    check_positive("vectors_bytes", vectors_bytes)
+    check_positive("n", n)
     broadcast = ring_wire_bytes("broadcast", vectors_bytes, n)
     reduce = ring_wire_bytes("reduce", vectors_bytes, n)
     return {"broadcast": {"forward": broadcast, "backward": reduce, "total": broadcast + reduce},

@@ -24,8 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab import memory
-from parlab.hybrid.assumptions import bubble_fraction
-from parlab.hybrid.planner import plan
+from parlab.hybrid import bubble_fraction, plan
 from parlab.models import get_config
 
 __all__ = ["CopySize", "copy_sizes", "copy_table"]

@@ -1,9 +1,11 @@
-"""Figure 8-2 run for real: A1 and A2 each hold the whole model and half of the batch.
+"""Chapter 02's experiments: Figure 8-2 run for real, A1 and A2 each with the whole model and
+half of the batch, and the chapter's figures and step explorer.
 
 :func:`run_figure_8_2` trains :class:`parlab.models.BookMLP` that way on real ranks and keeps,
 per rank, what the figure names: its micro-batches, its local gradients, the gradients that
 came from the peer, the average, and the weights after the update, next to one process
-trained on the whole batch (:class:`BookRun`). :func:`parlab.viz.plots.figure_8_2` draws it.
+trained on the whole batch (:class:`BookRun`). :func:`parlab.viz.plots.figure_8_2` draws it. The figure recipes run (or model) here and
+hand the results to :mod:`parlab.viz.plots`, which only draws.
 """
 
 from __future__ import annotations
@@ -13,22 +15,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from parlab.comm import gpu_name
-from parlab.data_parallel.sync import GradientExchange, split_batch
-from parlab.data_parallel.training import TrainSpec, make_batch
+from parlab.data_parallel import (
+    GradientExchange, gradient_bytes, make_batch, replica_names, split_batch, traffic_table,
+    TrainSpec
+)
 from parlab.launch import run
-from parlab.models import BookMLP
+from parlab.models import BookMLP, GPT3_175B, count_parameters
+from parlab.viz import Explorer, explore, figure
+from parlab.viz.plots import figure_8_2, scaling_figure, traffic_figure
 
-__all__ = ["FIGURE_8_2", "BookRun", "run_figure_8_2", "replica_names", "format_tensor"]
+__all__ = ["FIGURE_8_2", "BookRun", "run_figure_8_2", "format_tensor", "draw_book_step",
+           "book_step_explorer"]
 
 
 #: The run of Figure 8-2: 8 micro-batches of 2 samples, split 4 + 4 over A1 and A2.
 FIGURE_8_2 = TrainSpec(sizes=(4, 6, 6, 2), samples=16, micro_batches=8, lr=0.1, steps=1)
-
-
-def replica_names(world_size: int) -> list[str]:
-    """Figure 8-2's names: one GPU per server on one rail, so A1, A2, A3, ... (see topology)."""
-    return [gpu_name(r, gpus_per_server=1) for r in range(world_size)]
 
 
 def _book_rank(spec: TrainSpec, how: str) -> dict:
@@ -111,3 +112,50 @@ def run_figure_8_2(spec: TrainSpec = FIGURE_8_2, world_size: int = 2, how: str =
 def format_tensor(t, digits: int = 4) -> str:
     """A tensor as a short, deterministic list of rounded numbers (no -0)."""
     return "[" + ", ".join(f"{round(float(v), digits) + 0.0:g}" for v in t.flatten().tolist()) + "]"
+
+
+# --------------------------------------------------------------------------- explorer and figures
+
+
+def draw_book_step(ranks: int, how: str, steps: int):
+    """Run Figure 8-2's step on ``ranks`` real ranks (gloo), print the table, draw the figure."""
+    result = run_figure_8_2(FIGURE_8_2.replace(steps=steps), world_size=ranks, how=how)
+    print(result.table())
+    print(f"replicas equal one process (to 1e-6): {result.max_difference() < 1e-6}; "
+          f"replicas bit-for-bit identical: {result.replicas_identical()}")
+    return figure_8_2(result)
+
+
+def book_step_explorer(ranks: int = 2, how: str = "all_gather",
+                       steps: int = FIGURE_8_2.steps) -> Explorer:
+    """Replicas (1, 2, 4), the exchange (all_gather or all_reduce), and training steps.
+
+    The defaults are :func:`run_figure_8_2`'s, so the explorer opens on the step the chapter
+    draws just above it.
+    """
+    import ipywidgets as w
+
+    controls = {
+        "ranks": w.Dropdown(options=[1, 2, 4], value=ranks, description="replicas"),
+        "how": w.Dropdown(options=["all_gather", "all_reduce"], value=how,
+                          description="exchange"),
+        "steps": w.IntSlider(value=steps, min=1, max=10, description="steps"),
+    }
+    return explore(draw_book_step, controls, "Figure 8-2 on real ranks (replicas, exchange, steps)")
+
+
+@figure("fig-8-02-data-parallel", "Figure 8-2 for real: A1 and A2, 4 + 4 micro-batches, gloo")
+def _figure_8_2_default():
+    return figure_8_2(run_figure_8_2())
+
+
+@figure("fig-02-traffic-per-rank", "Bytes per GPU per step: ring vs naive all-reduce (toy backend)")
+def _traffic_default():
+    spec = FIGURE_8_2.replace(bucket_cap_bytes=10**6)
+    return traffic_figure(traffic_table(spec), gradient_bytes(spec))
+
+
+@figure("fig-02-traffic-scaling", "Data-parallel traffic and time per step from 2 to 16384 GPUs")
+def _scaling_default():
+    return scaling_figure(count_parameters(GPT3_175B)["total"], 1024, 400, "ring",
+                          label="GPT-3 175B")

@@ -1,78 +1,22 @@
-"""The chapter's words for a schedule, and what its step lists say, to find their slips.
-
-Why: the notebook shows each time step the way Figures 8-3 to 8-13 do (GPU names A1,
-A2, B1, B2; micro-batches x1..x4 counted from 1; activations y_i, errors E_i, gradients
-G_i), while the package counts from 0 like PyTorch. The labels are made here, in one
-place. The short code of an action (:func:`action_code`) is ``F1`` for the forward pass of
-x1 and ``E1`` for its backward pass (error E1 and gradient G1): never ``B1``, which is a
-GPU's name. PyTorch's stage-qualified strings (``2F0``, ``2B0``) stay as they are.
+"""Chapter 03's experiments: the book's step lists against the simulator, and its figures.
 
 ``BOOK_STEPS`` is what the chapter's text lists for each of its 11 steps, transcribed as
 data. It is used for one thing only: :func:`errata` compares it with the simulated
 table, so the notebook can say where the text slips, found by computation rather than
-by hand.
+by hand. The figure recipes (Figures 8-3 to 8-14, the schedules compared) simulate or run
+a schedule here, then hand the result to :mod:`parlab.viz.plots`, which only draws.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["action_code", "ACTION_CODES", "compute_label", "transfer_label", "describe_step",
-           "BOOK_STEPS", "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "book_lists"]
+from parlab.hybrid import pipeline_data_parallel
+from parlab.pipeline import action_code, schedule, simulate, transfer_label
+from parlab.viz import figure
+from parlab.viz.plots import comparison_figure, gantt_figure, step_figure, sync_figure
 
-
-def _chunk(sim, stage: int) -> str:
-    return f" (chunk {stage // sim.schedule.stages + 1})" if sim.schedule.chunks > 1 else ""
-
-
-#: The letter of each action kind in the short code: F forward, E backward (the book's
-#: backward step computes the error E_i and the gradient G_i). Not B: B1 is a GPU.
-ACTION_CODES = {"F": "F", "B": "E"}
-
-
-def action_code(action, sim=None) -> str:
-    """``F1`` / ``E1``: the short code of ``action`` (micro-batch from 1), the one notation
-    of the step table, the Gantt chart and the trace timeline. With an interleaved ``sim``
-    a ``c2`` names the model chunk."""
-    chunk = (f"c{action.stage // sim.schedule.stages + 1}"
-             if sim is not None and sim.schedule.chunks > 1 else "")
-    return f"{ACTION_CODES[action.kind]}{action.microbatch + 1}{chunk}"
-
-
-def compute_label(sim, action, short: bool = False) -> str:
-    """What a rank computes for ``action``, in the book's terms (micro-batches from 1)."""
-    i = action.microbatch + 1
-    first, last = action.stage == 0, action.stage == sim.schedule.virtual_stages - 1
-    if short:
-        return action_code(action, sim)
-    if action.kind == "F":
-        source = f"x{i}" if first else f"y{i}"
-        result = f"model output {i}" if last else f"y{i}"
-        return f"forward: {source} -> {result}{_chunk(sim, action.stage)}"
-    return f"backward: error E{i} and gradient G{i}{_chunk(sim, action.stage)}"
-
-
-def transfer_label(sim, transfer) -> str:
-    """``y1 A1->A2``: the tensor (micro-batch from 1), from which GPU to which."""
-    return (f"{transfer.kind}{transfer.microbatch + 1} "
-            f"{sim.names[transfer.src]}->{sim.names[transfer.dst]}")
-
-
-def describe_step(sim, step: int) -> str:
-    """One time step as the chapter lists it: computing, communication, active GPUs."""
-    if not 1 <= step <= sim.steps:
-        raise ValueError(f"step must be 1 to {sim.steps} for this schedule, got {step}")
-    record = sim.records[step - 1]
-    lines = [f"Time step {step} of {sim.steps}", "  Computing:"]
-    lines += [f"    {sim.names[r]}  {compute_label(sim, a)}" for r, a in record.compute]
-    lines += ["    (nothing)"] if not record.compute else []
-    lines.append("  Communication:")
-    lines += [f"    {sim.names[t.src]} sends {'activation' if t.kind == 'y' else 'error'} "
-              f"{t.kind}{t.microbatch + 1} to {sim.names[t.dst]}" for t in record.transfers]
-    lines += ["    (nothing)"] if not record.transfers else []
-    names = ", ".join(sim.names[r] for r in record.active) or "none"
-    lines.append(f"  Active GPUs: {names} ({record.active_percent:g}% active)")
-    return "\n".join(lines)
+__all__ = ["BOOK_STEPS", "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "book_lists"]
 
 
 class BookStep(NamedTuple):
@@ -140,3 +84,38 @@ def errata(sim) -> list[Erratum]:
             if b_only or c_only:
                 found.append(Erratum(step, what, b_only, c_only))
     return found
+
+
+# --------------------------------------------------------------------------- figure recipes
+
+
+def _book_simulation():
+    return simulate(schedule("book", stages=4, microbatches=4))
+
+
+def _register_steps():
+    for step in range(1, 12):
+        def make(step=step):
+            return step_figure(_book_simulation(), step)
+        figure(f"fig-8-{step + 2:02d}-pipeline-step-{step}",
+               f"Figure 8-{step + 2}: the book's schedule, time step {step}")(make)
+
+
+_register_steps()
+
+
+@figure("fig-8-14-pipeline-data-sync", "Figure 8-14: two 4-stage pipeline replicas on 8 GPUs, "
+                                      "gradients synced")
+def _sync():
+    return sync_figure(pipeline_data_parallel(schedule("book", stages=4, microbatches=2), 2))
+
+
+@figure("fig-03-schedule-comparison", "Naive, GPipe, 1F1B, interleaved: bubble, memory, traffic")
+def _comparison():
+    return comparison_figure()
+
+
+@figure("fig-03-schedule-gantt", "Gantt charts of the book's schedule, GPipe, 1F1B, interleaved")
+def _gantt():
+    return gantt_figure([simulate(schedule(name, 4, 4, 2 if name == "interleaved" else 1))
+                         for name in ("book", "gpipe", "1f1b", "interleaved")])

@@ -1,4 +1,5 @@
-"""Chapter 06's experiment: every ZeRO stage and FSDP2 on 2 and 4 logged ranks, in one table.
+"""Chapter 06's experiment: every ZeRO stage and FSDP2 on 2 and 4 logged ranks, in one table,
+and the chapter's figure recipes (run here, drawn by :mod:`parlab.viz.plots`).
 
 Why a module of its own: the chapter asks three questions of the same runs (do they train
 exactly like one process? what does each rank hold? what does each rank send?), so one
@@ -10,15 +11,19 @@ the parameters, :func:`parlab.memory.model_state_bytes` for the memory and
 
 from __future__ import annotations
 
+import functools
+
 from parlab.memory import model_state_bytes
-from parlab.sharded.fsdp import train_fsdp
-from parlab.sharded.runs import reference, ShardRun, ShardSpec, train
-from parlab.sharded.scaling import zero_bytes_per_rank
+from parlab.sharded import (
+    reference, ShardRun, ShardSpec, STATE_PARTS, train, train_fsdp, zero_bytes_per_rank,
+    zero_scaling
+)
+from parlab.viz import figure
+from parlab.viz.plots import (
+    zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
+)
 
-__all__ = ["stage_table", "STATE_PARTS"]
-
-#: The model states a rank holds, in the order of a stacked bar.
-STATE_PARTS = ("parameters", "gradients", "optimizer_state")
+__all__ = ["stage_table"]
 
 
 def _row(name: str, run: ShardRun, ref) -> dict:
@@ -57,3 +62,34 @@ def stage_table(world_sizes=(2, 4), spec: ShardSpec = ShardSpec(), *, fsdp: bool
                else train(stage, n, spec, backend="toy"))
         rows.append(_row(name, run, ref))
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- figure recipes
+
+
+@functools.cache
+def _table():
+    """The chapter's runs, made once for both figures that draw them."""
+    return stage_table()
+
+
+@figure("fig-06-zero-memory", "Model states per rank under ZeRO 0-3 and FSDP2, measured vs formula")
+def _memory():
+    return zero_memory_figure(_table())
+
+
+@figure("fig-06-zero-traffic", "Bytes per rank and step under ZeRO 0-3 and FSDP2 (toy backend)")
+def _traffic():
+    return zero_traffic_figure(_table())
+
+
+@figure("fig-06-zero3-timeline", "One ZeRO-3 step, collective by collective and layer by layer")
+def _timeline():
+    spec = ShardSpec(steps=1)
+    return zero3_timeline_figure(train(3, 2, spec, backend="toy").collectives(),
+                                 len(spec.sizes) - 1)
+
+
+@figure("fig-06-zero-scaling", "ZeRO from 8 to 1024 GPUs: memory, traffic and compute")
+def _scaling():
+    return zero_scaling_figure(zero_scaling(7.5e9), 7.5e9)

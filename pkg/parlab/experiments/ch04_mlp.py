@@ -19,9 +19,11 @@ import contextlib
 import torch
 
 from parlab.launch import run
-from parlab.tensor_parallel.layer_runs import _collect, _forward_backward, _generator
-from parlab.tensor_parallel.runs import CommBytes
-from parlab.tensor_parallel.sharding import _positive, check_degree
+from parlab.experiments.ch04_layers import _collect, _forward_backward, _generator
+from parlab.models import MLP
+from parlab.tensor_parallel import (
+    check_degree, check_positive, CommBytes, dtensor_local_grads, dtensor_mlp, TensorParallelMLP
+)
 
 __all__ = ["MLP_VARIANTS", "run_mlp", "mlp_rank"]
 
@@ -33,7 +35,6 @@ MLP_VARIANTS = {
 
 
 def _mlp_setup(d_model, d_ff, batch, seq, seed):
-    from parlab.models import MLP
     torch.manual_seed(seed)
     mlp = MLP(d_model, d_ff)
     g = _generator(seed + 1)
@@ -43,8 +44,6 @@ def _mlp_setup(d_model, d_ff, batch, seq, seed):
 
 def mlp_rank(variant, d_model, d_ff, batch, seq, seed) -> dict:
     """One rank of :func:`run_mlp`: build the variant from the full MLP, forward, backward."""
-    from parlab.tensor_parallel.dtensor import dtensor_local_grads, dtensor_mlp
-    from parlab.tensor_parallel.layers import TensorParallelMLP
     mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
     x.requires_grad_()
     if variant == "megatron":
@@ -73,14 +72,14 @@ def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, worl
     ``variant`` is one of :data:`MLP_VARIANTS`: ``"megatron"`` (our layers) or ``"pytorch"``
     (``parallelize_module`` with ``ColwiseParallel`` and ``RowwiseParallel``, on a backend
     whose groups have names: gloo, nccl or toy). Returns a
-    :class:`parlab.tensor_parallel.Comparison`; its ``info`` holds each rank's ``specs`` and,
+    :class:`parlab.experiments.Comparison`; its ``info`` holds each rank's ``specs`` and,
     for PyTorch's variant, what :class:`parlab.tensor_parallel.CommBytes` saw on rank 0
     (``collectives``, ``comm_counts``, ``comm_table``; None for ours).
     """
     if variant not in MLP_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(MLP_VARIANTS)}")
     for name, value in (("d_model", d_model), ("batch", batch), ("seq", seq)):
-        _positive(name, value)
+        check_positive(name, value)
     check_degree(world_size, d_ff, "hidden neurons of the MLP (d_ff)", "world_size")
     results = run(mlp_rank, world_size, variant, d_model, d_ff, batch, seq, seed, backend=backend)
     mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
