@@ -22,11 +22,10 @@ from parlab.comm.mesh import GROUP_KINDS, Coordinates, Mesh
 from parlab.comm.collectives import COLLECTIVES, one_collective
 from parlab.comm import toy
 from parlab.comm.toy import run_with_traffic
-from parlab.comm.trace import chrome_trace, load_trace, save_trace, trace_summary, TRACE_SUFFIXES
+from parlab.comm.trace import chrome_trace, load_trace, trace_summary
 
 __all__ = ["Transfer", "TrafficLog", "ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank",
            "allreduce_steps", "allreduce_time", "bus_bandwidth", "LinkSpec", "NVLINK", "nic",
-           "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of",
-           "link_type", "LINK_TYPES", "Mesh", "Coordinates", "GROUP_KINDS", "COLLECTIVES",
-           "one_collective", "toy", "run_with_traffic", "chrome_trace", "save_trace", "load_trace",
-           "trace_summary", "TRACE_SUFFIXES"]
+           "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of", "link_type",
+           "LINK_TYPES", "Mesh", "Coordinates", "GROUP_KINDS", "COLLECTIVES", "one_collective",
+           "toy", "run_with_traffic", "chrome_trace", "load_trace", "trace_summary"]

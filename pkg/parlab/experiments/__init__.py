@@ -18,37 +18,28 @@ draws. Imports every subpackage below it, viz included.
 """
 
 from parlab.experiments.ch00 import collective_explorer, draw_collective
-from parlab.experiments.ch01 import gpt3_split_figure, model_sizes_figure
-from parlab.experiments.ch02 import (
-    book_step_explorer, BookRun, FIGURE_8_2, format_tensor, run_figure_8_2
-)
-from parlab.experiments.ch03 import BOOK_ACTIVE_PERCENT, BOOK_STEPS, book_lists, errata, Erratum
-from parlab.experiments.ch04_attention import (
-    ATTENTION_VARIANTS, Comparison, phase_split, reference_attention, run_attention, run_ffn
-)
-from parlab.experiments.ch04_layers import (
-    EMBEDDINGS, embedding_rank, run_embedding, run_layer_strategy, STRATEGIES, strategy_rank
-)
-from parlab.experiments.ch04_mlp import MLP_VARIANTS, mlp_rank, run_mlp
+from parlab.experiments.ch01 import model_sizes_figure
+from parlab.experiments.ch02 import book_step_explorer, BookRun, FIGURE_8_2, run_figure_8_2
+from parlab.experiments.ch03 import BOOK_ACTIVE_PERCENT, BOOK_STEPS, errata, Erratum
+from parlab.experiments.ch04_attention import Comparison, run_attention, run_ffn
+from parlab.experiments.ch04_layers import run_embedding, run_layer_strategy, STRATEGIES
+from parlab.experiments.ch04_mlp import run_mlp
 from parlab.experiments.ch04_book import (
     BOOK_SAYS, book_rounding, calls_table, collective_calls, CollectiveCall, column_split_input,
     embedding_wire_bytes, ffn_backward_sums, ffn_widths, gpt3_counts, gradient_shard_bytes,
     layer_memory, softmax_and_context
 )
-from parlab.experiments.ch04_figures import qkv_example, strategy_explorer, strategy_rows
+from parlab.experiments.ch04_figures import qkv_example, strategy_explorer
 from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's figures)
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize
 from parlab.experiments.ch06 import stage_table
 
-__all__ = ["collective_explorer", "draw_collective", "model_sizes_figure", "gpt3_split_figure",
-           "FIGURE_8_2", "BookRun", "run_figure_8_2", "format_tensor", "book_step_explorer",
-           "BOOK_STEPS", "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "book_lists",
-           "ATTENTION_VARIANTS", "Comparison", "run_attention", "reference_attention", "run_ffn",
-           "phase_split", "EMBEDDINGS", "STRATEGIES", "run_embedding", "run_layer_strategy",
-           "embedding_rank", "strategy_rank", "MLP_VARIANTS", "run_mlp", "mlp_rank", "BOOK_SAYS",
-           "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table",
-           "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
-           "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
-           "qkv_example", "strategy_rows", "strategy_explorer", "SummaryRow", "summary_table",
-           "summary_text", "CopySize", "copy_sizes", "copy_table", "stage_table"]
+__all__ = ["collective_explorer", "draw_collective", "model_sizes_figure", "FIGURE_8_2", "BookRun",
+           "run_figure_8_2", "book_step_explorer", "BOOK_STEPS", "BOOK_ACTIVE_PERCENT", "Erratum",
+           "errata", "Comparison", "run_attention", "run_ffn", "STRATEGIES", "run_embedding",
+           "run_layer_strategy", "run_mlp", "BOOK_SAYS", "gpt3_counts", "CollectiveCall",
+           "collective_calls", "calls_table", "gradient_shard_bytes", "ffn_backward_sums",
+           "layer_memory", "book_rounding", "column_split_input", "softmax_and_context",
+           "ffn_widths", "embedding_wire_bytes", "qkv_example", "strategy_explorer", "SummaryRow",
+           "summary_table", "summary_text", "CopySize", "copy_sizes", "copy_table", "stage_table"]

@@ -22,7 +22,7 @@ from parlab.memory.states import (
     PRECISIONS, ZERO_STAGES
 )
 from parlab.memory.breakdown import Breakdown, ESTIMATED_SCHEDULES, Plan
-from parlab.memory.tracing import default_loss, module_children, ModuleTrace, trace_module
+from parlab.memory.tracing import ModuleTrace, trace_module
 from parlab.memory.modules import stage_ranges
 from parlab.memory.decoders import tensor_split_sizes, tp_problem
 from parlab.memory.calculator import (
@@ -30,8 +30,8 @@ from parlab.memory.calculator import (
 )
 from parlab.memory.measurement import measure
 from parlab.memory.recompute import (
-    full_recompute, layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops,
-    RecomputeFlops, RecomputeResult, Trace
+    layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops, RecomputeFlops,
+    RecomputeResult, Trace
 )
 from parlab.memory.energy import (
     expected_waste, failure_cost, rdma_retry_times, RetryTimes, RunCost, training_cost, Waste,
@@ -41,13 +41,10 @@ from parlab.memory.korthikanti import compare_block, korthikanti_terms
 from parlab.memory.serving import Serving, serving_bytes
 
 __all__ = ["check_optimizer", "bytes_per_parameter_table", "PRECISIONS", "OPTIMIZERS",
-           "ESTIMATED_SCHEDULES", "ZERO_STAGES",
-           "Breakdown", "Plan", "ModelStates", "estimate", "min_gpus", "model_state_bytes",
-           "activation_bytes", "activations_per_layer", "measure", "RunCost", "Waste",
-           "training_cost", "failure_cost", "expected_waste", "young_interval",
-           "rdma_retry_times", "RetryTimes", "RECOMPUTE", "layer_activations",
-           "recompute_flops", "RecomputeFlops", "Trace", "live_bytes", "measure_recompute",
-           "RecomputeResult", "full_recompute", "default_loss", "module_children",
-           "ModuleTrace", "trace_module", "stage_ranges", "block_activations",
-           "korthikanti_terms", "compare_block", "tensor_split_sizes", "tp_problem", "Serving",
-           "serving_bytes"]
+           "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Breakdown", "Plan", "ModelStates", "estimate",
+           "min_gpus", "model_state_bytes", "activation_bytes", "activations_per_layer", "measure",
+           "RunCost", "Waste", "training_cost", "failure_cost", "expected_waste", "young_interval",
+           "rdma_retry_times", "RetryTimes", "RECOMPUTE", "layer_activations", "recompute_flops",
+           "RecomputeFlops", "Trace", "live_bytes", "measure_recompute", "RecomputeResult",
+           "ModuleTrace", "trace_module", "stage_ranges", "block_activations", "korthikanti_terms",
+           "compare_block", "tensor_split_sizes", "tp_problem", "Serving", "serving_bytes"]

@@ -12,8 +12,7 @@ nothing else of parlab.
 """
 
 from parlab.models.transformer import (
-    CONFIGS, GPT, GPT2_LARGE, GPT2_MEDIUM, GPT2_SMALL, GPT2_XL, GPT3_13B, GPT3_175B, GPT3_2_7B,
-    GPT3_6_7B, GPT3_LARGE, GPT3_MEDIUM, GPT3_SMALL, GPT3_XL, MLP, TINY, TransformerConfig
+    CONFIGS, GPT, GPT2_SMALL, GPT3_175B, GPT3_6_7B, MLP, TINY, TransformerConfig
 )
 from parlab.models.llama import Llama, LlamaConfig, RMSNorm
 from parlab.models.hf import (
@@ -21,8 +20,7 @@ from parlab.models.hf import (
     SUPPORTED_MODEL_TYPES
 )
 from parlab.models.book_mlp import (
-    ACTIVATIONS, BOOK_NAMES, book_table, BookMLP, bytes_by_scaling, held_bytes, LayerRecord,
-    MemoryRow, SCALES_WITH, tensor_bytes
+    ACTIVATIONS, BOOK_NAMES, book_table, BookMLP, bytes_by_scaling, held_bytes, tensor_bytes
 )
 from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
@@ -34,13 +32,10 @@ from parlab.models.compute import (
 )
 
 __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
-           "get_config", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_SMALL",
-           "GPT3_MEDIUM", "GPT3_LARGE", "GPT3_XL", "GPT3_2_7B", "GPT3_6_7B", "GPT3_13B",
-           "GPT3_175B", "TINY", "LlamaConfig", "Llama", "RMSNorm", "from_hf_config", "HF_PRESETS",
-           "HF_CONFIGS", "SUPPORTED_MODEL_TYPES", "BookMLP", "LayerRecord", "MemoryRow",
-           "ACTIVATIONS", "BOOK_NAMES", "SCALES_WITH", "book_table", "bytes_by_scaling",
-           "held_bytes", "tensor_bytes", "SmallCNN",
-           "LayerProfile", "profile", "share_by_kind", "communication_per_layer",
-           "MFU", "FLOPS_PER_PARAMETER_TOKEN",
-           "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
-           "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
+           "get_config", "GPT2_SMALL", "GPT3_6_7B", "GPT3_175B", "TINY", "LlamaConfig", "Llama",
+           "RMSNorm", "from_hf_config", "HF_PRESETS", "HF_CONFIGS", "SUPPORTED_MODEL_TYPES",
+           "BookMLP", "ACTIVATIONS", "BOOK_NAMES", "book_table", "bytes_by_scaling", "held_bytes",
+           "tensor_bytes", "SmallCNN", "LayerProfile", "profile", "share_by_kind",
+           "communication_per_layer", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
+           "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
+           "block_matmul_efficiency", "matmul_rates"]

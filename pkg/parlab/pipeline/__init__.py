@@ -11,12 +11,10 @@ schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.c
 :mod:`parlab.memory`.
 """
 
-from parlab.pipeline.schedules import SCHEDULES, Action, from_order, Schedule, schedule
-from parlab.pipeline.simulator import (
-    Event, simulate, Simulation, stage_gpu_name, stage_gpu_names, StageTransfer
-)
+from parlab.pipeline.schedules import Action, from_order, Schedule, schedule
+from parlab.pipeline.simulator import Event, simulate, Simulation, stage_gpu_name, StageTransfer
 from parlab.pipeline.runner import run_schedule, split_layers, StageRun
-from parlab.pipeline.notation import action_code, ACTION_CODES, describe_step, transfer_label
+from parlab.pipeline.notation import action_code, describe_step, transfer_label
 from parlab.pipeline.executor import (
     execute, Execution, max_difference, Network, reference, run_network, stage_layers
 )
@@ -24,16 +22,11 @@ from parlab.pipeline.torch_pipelining import our_action_order, torch_pipelining,
 from parlab.pipeline.slots import (
     doubled_steps, one_action_per_slot, slot_count, SlotCount, work_percent
 )
-from parlab.pipeline.tradeoffs import (
-    COMPARED, DEFAULT_MODEL, compare, comparison_table, peak_activation_bytes, ScheduleCost
-)
+from parlab.pipeline.tradeoffs import COMPARED, compare, comparison_table, ScheduleCost
 
-__all__ = ["Action", "Schedule", "schedule", "from_order", "SCHEDULES", "StageTransfer", "Event",
-           "Simulation", "simulate", "stage_gpu_name", "stage_gpu_names", "run_schedule",
-           "split_layers", "StageRun", "run_network", "stage_layers", "max_difference",
-           "action_code", "ACTION_CODES", "describe_step", "transfer_label", "Network",
-           "Execution", "execute", "reference", "TorchRun", "torch_pipelining",
-           "our_action_order", "compare", "comparison_table",
-           "ScheduleCost",
-           "peak_activation_bytes", "COMPARED", "DEFAULT_MODEL", "SlotCount", "slot_count",
-           "work_percent", "one_action_per_slot", "doubled_steps"]
+__all__ = ["Action", "Schedule", "schedule", "from_order", "StageTransfer", "Event", "Simulation",
+           "simulate", "stage_gpu_name", "run_schedule", "split_layers", "StageRun", "run_network",
+           "stage_layers", "max_difference", "action_code", "describe_step", "transfer_label",
+           "Network", "Execution", "execute", "reference", "TorchRun", "torch_pipelining",
+           "our_action_order", "compare", "comparison_table", "ScheduleCost", "COMPARED",
+           "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps"]

@@ -9,19 +9,14 @@ step by step, with the model-state bytes each rank held and the toy backend's lo
 :mod:`parlab.launch`, :mod:`parlab.comm`, :mod:`parlab.models` and :mod:`parlab.memory`.
 """
 
-from parlab.sharded.flat import all_gather_into, FlatShard, parameter_layers, reduce_scatter_into
-from parlab.sharded.zero import check_stage, make_optimizer, STATE_PARTS, Zero
+from parlab.sharded.flat import FlatShard
+from parlab.sharded.zero import make_optimizer, STATE_PARTS, Zero
 from parlab.sharded.runs import (
-    layer_values, local_batch, make_batch, make_model, RankResult, reference, ShardRun, ShardSpec,
-    train, train_rank
+    make_batch, make_model, RankResult, reference, ShardRun, ShardSpec, train, train_rank
 )
-from parlab.sharded.fsdp import fsdp_rank, train_fsdp
-from parlab.sharded.scaling import (
-    GLOBAL_BATCH, GLOBAL_TOKENS, ZERO_COLLECTIVES, zero_bytes_per_rank, zero_scaling
-)
+from parlab.sharded.fsdp import train_fsdp
+from parlab.sharded.scaling import GLOBAL_BATCH, GLOBAL_TOKENS, zero_bytes_per_rank, zero_scaling
 
-__all__ = ["FlatShard", "all_gather_into", "reduce_scatter_into", "parameter_layers", "Zero",
-           "check_stage", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
-           "make_model", "make_batch", "local_batch", "layer_values", "train", "train_rank",
-           "reference", "train_fsdp", "fsdp_rank", "ZERO_COLLECTIVES", "zero_bytes_per_rank",
-           "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]
+__all__ = ["FlatShard", "Zero", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
+           "make_model", "make_batch", "train", "train_rank", "reference", "train_fsdp",
+           "zero_bytes_per_rank", "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]

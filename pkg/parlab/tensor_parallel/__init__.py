@@ -15,7 +15,7 @@ slips are chapter 04's experiments (:mod:`parlab.experiments`). Imports
 """
 
 from parlab.tensor_parallel.sharding import (
-    KINDS, balanced_ranges, check_degree, check_positive, describe, divisors, even_ranges, merge,
+    balanced_ranges, check_degree, check_positive, describe, divisors, even_ranges, merge,
     merge_grads, shard_spec, ShardSpec, split
 )
 from parlab.tensor_parallel.mappings import (
@@ -27,32 +27,30 @@ from parlab.tensor_parallel.layers import (
     VocabParallelEmbedding
 )
 from parlab.tensor_parallel.dtensor import (
-    collective_wire_bytes, CommBytes, default_mesh, dtensor_local_grads, dtensor_mlp
+    collective_wire_bytes, CommBytes, dtensor_local_grads, dtensor_mlp
 )
 from parlab.tensor_parallel.attention import (
-    PROJECTIONS, attend, BookAttention, check_grad_sync, check_heads, dtensor_attention,
-    MegatronAttention, SelfAttention
+    attend, BookAttention, check_grad_sync, check_heads, dtensor_attention, MegatronAttention,
+    SelfAttention
 )
 from parlab.tensor_parallel.parallelize import parallelize, shard_pieces, TensorParallelBlock
 from parlab.tensor_parallel.ffn import (
-    FIGURE_8_19_SIZES, check_ffn_run, ffn_data, ffn_rank, layout, link_of, Placement,
-    reference_ffn
+    FIGURE_8_19_SIZES, check_ffn_run, ffn_rank, layout, Placement, reference_ffn
 )
 from parlab.tensor_parallel.counting import (
-    SLIDE_FORMULAS, attention_bytes, embedding_table, ffn_bytes, parameter_memory, slide_costs,
-    strategy_bytes, total
+    attention_bytes, embedding_table, ffn_bytes, parameter_memory, slide_costs, strategy_bytes,
+    total
 )
 
-__all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "merge_grads", "describe",
-           "even_ranges", "balanced_ranges", "check_degree", "check_positive", "divisors",
-           "copy_to_region", "reduce_from_region", "gather_from_region", "scatter_to_region",
-           "gather_for_use", "broadcast_from", "all_gather_cat", "local_slice",
-           "reduce_scatter_slice", "ColumnParallelLinear", "RowParallelLinear",
-           "TensorParallelMLP", "VocabParallelEmbedding", "BroadcastEmbedding", "SelfAttention",
-           "attend", "BookAttention", "MegatronAttention", "dtensor_attention", "check_heads",
-           "check_grad_sync", "dtensor_local_grads", "PROJECTIONS", "FIGURE_8_19_SIZES",
-           "Placement", "layout", "ffn_rank", "ffn_data", "link_of", "reference_ffn",
-           "check_ffn_run", "parameter_memory", "embedding_table", "SLIDE_FORMULAS",
+__all__ = ["ShardSpec", "shard_spec", "split", "merge", "merge_grads", "describe", "even_ranges",
+           "balanced_ranges", "check_degree", "check_positive", "divisors", "copy_to_region",
+           "reduce_from_region", "gather_from_region", "scatter_to_region", "gather_for_use",
+           "broadcast_from", "all_gather_cat", "local_slice", "reduce_scatter_slice",
+           "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
+           "VocabParallelEmbedding", "BroadcastEmbedding", "SelfAttention", "attend",
+           "BookAttention", "MegatronAttention", "dtensor_attention", "check_heads",
+           "check_grad_sync", "dtensor_local_grads", "FIGURE_8_19_SIZES", "Placement", "layout",
+           "ffn_rank", "reference_ffn", "check_ffn_run", "parameter_memory", "embedding_table",
            "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total", "CommBytes",
-           "collective_wire_bytes", "default_mesh", "dtensor_mlp", "parallelize", "shard_pieces",
+           "collective_wire_bytes", "dtensor_mlp", "parallelize", "shard_pieces",
            "TensorParallelBlock"]

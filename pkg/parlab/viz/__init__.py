@@ -8,10 +8,9 @@ per chapter). Imports any subpackage below it but nothing that starts ranks (the
 architecture test checks); nothing below imports it.
 """
 
-from parlab.viz.style import GPU_COLORS, rank_color, show
+from parlab.viz.style import show
 from parlab.viz.registry import figure, registered
 from parlab.viz.explorer import explore, Explorer
-from parlab.viz.glue import glue, GLUE_PREFIX
+from parlab.viz.glue import glue
 
-__all__ = ["GPU_COLORS", "rank_color", "show", "figure", "registered", "Explorer", "explore",
-           "glue", "GLUE_PREFIX"]
+__all__ = ["show", "figure", "registered", "Explorer", "explore", "glue"]

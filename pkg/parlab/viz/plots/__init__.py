@@ -14,7 +14,7 @@ from parlab.viz.plots.data_parallel import figure_8_2, loss_curves, scaling_figu
 from parlab.viz.plots.pipeline import (
     comparison_figure, gantt_figure, step_caption, step_figure, sync_figure
 )
-from parlab.viz.plots.timeline import draw_trace, trace_figure
+from parlab.viz.plots.timeline import trace_figure
 from parlab.viz.plots.transformer import local_qkv_figure, transformer_figure
 from parlab.viz.plots.tensor_parallel import (
     attention_bytes_figure, book_attention_figure, ffn_figure, format_bytes, memory_figure,
@@ -33,5 +33,4 @@ __all__ = ["show_collective", "before_after", "figure_8_1_step", "figure_8_1", "
            "book_attention_figure", "ffn_figure", "attention_bytes_figure", "strategy_figure",
            "memory_figure", "format_bytes", "layouts_figure", "placement_figure", "cnn_figure",
            "traffic_3d_figure", "steps_figure", "bytes_per_rank_figure", "zero_memory_figure",
-           "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "draw_trace",
-           "trace_figure"]
+           "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "trace_figure"]
