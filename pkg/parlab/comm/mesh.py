@@ -127,14 +127,15 @@ class Mesh:
             lines.append(line)
         return lines
 
-    def build(self, device_type: str = "cpu",
+    def build(self, device_type: str | None = None,
               label: Callable[[str, Coordinates], str] | None = None):
         """This job's :class:`~torch.distributed.device_mesh.DeviceMesh`, dimensions
         ``("dp", "pp", "cp", "tp")``; ``device_mesh["tp"].get_group()`` is this rank's
         tensor group, and so on.
 
         Call it on every rank of a world of :attr:`size` ranks (creating groups is
-        collective). On the toy backend each dimension's groups are labelled with its kind
+        collective). ``device_type`` defaults to ``"cuda"`` when the world runs on NCCL, else
+        ``"cpu"``. On the toy backend each dimension's groups are labelled with its kind
         (:data:`MESH_DIMS`) in the traffic log; ``label(kind, first)`` names each group
         instead (``first``: the coordinates of its first rank).
         """
@@ -142,8 +143,11 @@ class Mesh:
         if dist.get_world_size() != self.size:
             raise ValueError(f"a {self._describe()} mesh needs {self.size} ranks, the world "
                              f"has {dist.get_world_size()}")
+        backend = dist.get_backend()
+        if device_type is None:
+            device_type = "cuda" if backend == "nccl" else "cpu"
         override = None
-        if dist.get_backend() == "toy":
+        if backend == "toy":
             from parlab.comm.toy import ToyOptions
             override = {dim: ("toy", ToyOptions(label=kind)) for dim, kind in MESH_DIMS.items()}
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=tuple(MESH_DIMS),

@@ -6,7 +6,8 @@ lists what it takes as given; ``explain`` says why the winner wins, in words),
 ``placement`` (where each rank of a layout sits on a rail-optimized cluster), ``parallel3d``
 (a real 2 x 2 x 2 job equal to one process), ``pipeline_data`` (Figure 8-14: pipelines
 replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the
-slides' CNN advice measured, and a data + tensor parallel step run). The slides' summary and
+slides' CNN advice measured, and a data + tensor parallel step run), ``zero_tensor`` (ZeRO
+over the copies of a tensor-parallel MLP). The slides' summary and
 the copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
 (:mod:`parlab.experiments`). This is the only layer that combines strategies: each hybrid
 run builds a ``DeviceMesh`` and applies the strategies' own functions on its dimensions;
@@ -25,9 +26,11 @@ from parlab.hybrid.cnn import (
     TENSOR_SPLITS, assignment_bytes, crossover_batch, hybrid_traffic, HybridTraffic
 )
 from parlab.hybrid.cnn_step import hybrid_step
+from parlab.hybrid.zero_tensor import run_zero_tensor, ZeroTensorRun
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
            "Run3D", "run_3d", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
            "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
-           "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step"]
+           "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "run_zero_tensor",
+           "ZeroTensorRun"]

@@ -63,7 +63,7 @@ def _unique_bytes(tensors) -> int:
 
 
 class Zero:
-    """Data parallelism over the default group with ZeRO ``stage`` for ``model``.
+    """Data parallelism over ``group`` (default: every rank) with ZeRO ``stage`` for ``model``.
 
     The layers are ``model``'s children that have parameters (an ``nn.Sequential`` of layers,
     as in the chapter); each becomes a :class:`FlatShard`. Use it like an optimizer::
@@ -74,17 +74,23 @@ class Zero:
 
     ``events`` lists ``(collective, phase, layer)`` in the order this rank called them, so the
     n-th entry names the n-th collective of the traffic log.
+
+    ``group`` is the data-parallel dimension of a larger job (``mesh["dp"]``'s group): the
+    copies that ZeRO shards across. ``model`` may itself be split by another strategy on
+    another dimension (tensor-parallel layers): ZeRO then shards each rank's local pieces.
     """
 
-    def __init__(self, model: nn.Module, stage: int, optimizer: str = "adam", lr: float = 1e-2):
+    def __init__(self, model: nn.Module, stage: int, optimizer: str = "adam", lr: float = 1e-2,
+                 group=None):
         self.stage = check_stage(stage)
-        rank, world = dist.get_rank(), dist.get_world_size()
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
         layers = parameter_layers(model)
         covered = sum(p.numel() for m in layers for p in m.parameters())
         if not layers or covered != sum(p.numel() for p in model.parameters()):
             layers = [model]          # parameters outside the children: one unit for all
         self.model, self.world_size = model, world
-        self.units = [FlatShard(m, rank, world, own_shard=stage == 3) for m in layers]
+        self.units = [FlatShard(m, rank, world, own_shard=stage == 3, group=group)
+                      for m in layers]
         params = (list(model.parameters()) if stage == 0 else [u.shard for u in self.units])
         self.optimizer = make_optimizer(optimizer, params, lr)
         self.events: list[tuple[str, str, int]] = []
