@@ -42,7 +42,7 @@ RANK_STARTERS = frozenset({
     "train", "train_fsdp", "launch_spec", "measure_traffic", "traffic_table", "layer_traffic",
     "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn", "run_layer_strategy", "run_mlp",
     "run_embedding", "run_figure_8_2", "stage_table", "collective_explorer", "strategy_explorer",
-    "book_step_explorer"})
+    "book_step_explorer", "run_zero_tensor", "zero_tensor_rank"})
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
 TOOLS = {"tools"}
 #: The bottom layer: plain modules at the top of the package, importing nothing of parlab.
