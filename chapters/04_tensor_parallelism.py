@@ -84,10 +84,11 @@ check("04.1", answer_04_1)
 # are computed from the same configuration:
 
 # %%
+from parlab.models import count_parameters
 from parlab.viz import show
 from parlab.viz.plots import local_qkv_figure, transformer_figure
 
-show(transformer_figure())
+show(transformer_figure(gpt3, count_parameters(gpt3)))
 
 # %% [markdown]
 # **Two of the book's numbers are not roundings of these counts.** Its "about 605 million"

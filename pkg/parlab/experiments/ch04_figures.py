@@ -13,7 +13,7 @@ import torch
 from parlab.comm import ring_wire_bytes
 from parlab.experiments.ch04_attention import run_attention, run_ffn
 from parlab.experiments.ch04_layers import run_layer_strategy
-from parlab.models import GPT3_175B, TransformerConfig, build_model
+from parlab.models import GPT3_175B, TransformerConfig, build_model, count_parameters
 from parlab.tensor_parallel import attention_bytes, slide_costs, total
 from parlab.viz import Explorer, explore, figure
 from parlab.viz.plots import (
@@ -96,7 +96,7 @@ def strategy_explorer(batch: int = 8, c_in: int = 64, c_out: int = 128) -> Explo
 
 @figure("fig-8-15-transformer", "Figure 8-15: GPT-3's decoder stack, counted from its config")
 def _figure_8_15():
-    return transformer_figure(GPT3_175B)
+    return transformer_figure(GPT3_175B, count_parameters(GPT3_175B))
 
 
 @figure("fig-8-16-local-qkv", "Figure 8-16: Q, K, V from the embeddings on one GPU")
