@@ -2,8 +2,9 @@
 real objects.
 
 Figure 8-15 is the decoder stack, labelled with the parameter counts that
-:func:`parlab.models.count_parameters` derives from a configuration (the caller counts). Figure 8-16 is the first step of self-attention on one GPU: a few tokens' embedding
-vectors times W_Q, W_K and W_V, drawn from the numbers :func:`parlab.experiments.qkv_example`
+:func:`parlab.models.count_parameters` derives from a configuration (the caller counts and
+passes them). Figure 8-16 is the first step of self-attention on one GPU: a few tokens'
+embedding vectors times W_Q, W_K and W_V, drawn from the numbers :func:`parlab.experiments.qkv_example`
 computes with a real model (its Q, K, V are what that model's projection layers return).
 """
 
