@@ -59,9 +59,10 @@
 from parlab import memory
 from parlab.models import BookMLP, book_table, held_bytes
 from parlab.viz import show
-from parlab.viz.plots import figure_8_1, figure_8_1_step
+from parlab.experiments import book_step
+from parlab.viz.plots import figure_8_1
 
-alone = figure_8_1_step(sizes=(4, 5, 5, 2), batch=8, with_peer=False)
+alone = book_step(sizes=(4, 5, 5, 2), batch=8, with_peer=False)
 print(book_table(alone))
 
 # %% [markdown]
@@ -134,7 +135,7 @@ check("01.1", answer_01_1)
 from parlab.models import bytes_by_scaling
 from parlab.viz import glue
 
-a1 = figure_8_1_step(sizes=(4, 5, 5, 2), batch=8, with_peer=True)
+a1 = book_step(sizes=(4, 5, 5, 2), batch=8, with_peer=True)
 print("remote gradient of layer 1 (dW):", tuple(a1.layers[0].remote_grad_W.shape))
 print("total held by A1:", held_bytes(a1), "bytes =", sum(r.nbytes for r in a1.memory_rows()))
 by_alone, by_a1 = bytes_by_scaling(alone), bytes_by_scaling(a1)
@@ -159,8 +160,8 @@ show(figure_8_1(a1))
 
 # %%
 for batch in (2, 4, 8, 16):
-    lone = held_bytes(figure_8_1_step(sizes=(4, 5, 5, 2), batch=batch, with_peer=False))
-    pair = held_bytes(figure_8_1_step(sizes=(4, 5, 5, 2), batch=batch, with_peer=True))
+    lone = held_bytes(book_step(sizes=(4, 5, 5, 2), batch=batch, with_peer=False))
+    pair = held_bytes(book_step(sizes=(4, 5, 5, 2), batch=batch, with_peer=True))
     print(f"batch {batch:>2}: one GPU alone {lone:>5} B, A1 with a peer {pair:>5} B "
           f"({'less' if pair < lone else 'more'})")
 

@@ -84,10 +84,11 @@ check("04.1", answer_04_1)
 # are computed from the same configuration:
 
 # %%
+from parlab.models import count_parameters
 from parlab.viz import show
 from parlab.viz.plots import local_qkv_figure, transformer_figure
 
-show(transformer_figure())
+show(transformer_figure(gpt3, count_parameters(gpt3)))
 
 # %% [markdown]
 # **Two of the book's numbers are not roundings of these counts.** Its "about 605 million"
@@ -461,10 +462,11 @@ strategy_explorer(batch=8, c_in=64, c_out=128)
 # and `n_heads = 2` (the heads dashed), the sizes this section uses throughout:
 
 # %%
+from parlab.experiments import qkv_shards
 from parlab.viz.plots import qkv_sharding_figure
 
 size = dict(d_model=8, n_heads=2, batch=2, seq=4)  # the small layer of this section
-show(qkv_sharding_figure(d_model=size["d_model"], n_heads=size["n_heads"], ranks=2))
+show(qkv_sharding_figure(qkv_shards(size["d_model"], ranks=2), n_heads=size["n_heads"]))
 
 # %% [markdown]
 # Two slips in the book around this figure. Its caption speaks of "Shared" Q, K and V

@@ -119,10 +119,11 @@ for batch in (cnn_batch, 512):
                                          for (c, f), n in costs.items()))
 
 # %%
+from parlab.hybrid import cnn_communication
 from parlab.viz import show
 from parlab.viz.plots import cnn_figure
 
-show(cnn_figure(profiles, batch=cnn_batch, layer="conv5"))
+show(cnn_figure(cnn_communication(profiles, batch=cnn_batch, layer="conv5")))
 
 # %% [markdown]
 # ### The hybrid, for real
@@ -301,9 +302,10 @@ print("links per group:", best.links)
 # even their gradient all-reduce stays on NVLink.
 
 # %%
+from parlab.hybrid import placement
 from parlab.viz.plots import placement_figure
 
-show(placement_figure(dp=2, tp=4, pp=4, gpus_per_server=8))
+show(placement_figure(placement(dp=2, tp=4, pp=4, gpus_per_server=8)))
 
 # %% [markdown]
 # ### Small micro-batches: what the GPU pays
@@ -560,7 +562,7 @@ print(mine[0].explain())
 
 # %%
 shape, per_server = dict(dp=2, tp=2, pp=2), 2
-show(placement_figure(**shape, gpus_per_server=per_server))
+show(placement_figure(placement(**shape, gpus_per_server=per_server)))
 
 # %% [markdown]
 # One SGD step on gloo, then the same on the toy backend. Both must equal one process

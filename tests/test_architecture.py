@@ -8,7 +8,10 @@ import what:
 - the strategy subpackages (``STRATEGIES``) are siblings on one layer: none imports another,
   only ``hybrid`` and the layers above combine them;
 - ``viz`` draws only: it imports nothing that starts ranks (``parlab.launch``,
-  ``parlab.experiments``, or a rank-starting function of a lower layer, ``RANK_STARTERS``);
+  ``parlab.experiments``, or a rank-starting function of a lower layer, ``RANK_STARTERS``),
+  and its drawings (every module but the widgets) import no function of a lower layer: they
+  take what a calculator returned, and import only its types and constants (and the few
+  formatting helpers of ``DRAWING_HELPERS``);
 - between subpackages, code imports a subpackage's face (``parlab.comm``), never one of its
   modules, and never a private name;
 - a face (``__init__.py``) has an ``__all__`` and no logic; no module defines a module-level
@@ -43,6 +46,15 @@ RANK_STARTERS = frozenset({
     "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn", "run_layer_strategy", "run_mlp",
     "run_embedding", "run_figure_8_2", "stage_table", "collective_explorer", "strategy_explorer",
     "book_step_explorer", "run_zero_tensor", "zero_tensor_rank"})
+#: The only functions (and classes) of the layers below viz that a drawing (``viz`` but its
+#: widgets) may call: notation and units that format a result (``Action`` is the key that
+#: ``action_code`` names), and the fixed cluster Figure 8-19 is drawn on. Every other function
+#: below viz computes (``estimate``, ``compare``, ``place``, ``sync_cost``,
+#: ``count_parameters``, ...) and every other class is built by the caller: a drawing takes the
+#: result as an argument, and the caller (a recipe in parlab.experiments, a chapter's cell, a
+#: widget) computes it.
+DRAWING_HELPERS = frozenset({"action_code", "Action", "gpu_name", "replica_names",
+                             "format_bytes", "figure_8_19"})
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
 TOOLS = {"tools"}
 #: The bottom layer: plain modules at the top of the package, importing nothing of parlab.
@@ -145,6 +157,50 @@ def viz_violations(imports, rank_starters=RANK_STARTERS):
                 bad.append(f"{name}:{line} imports {module}: viz draws only, it starts no ranks")
             bad += [f"{name}:{line} imports {n} from {module}, which starts ranks"
                     for n in names if n in rank_starters and _layer(module) != "viz"]
+    return bad
+
+
+def lower_functions(sources):
+    """The public module-level functions defined in ``{module: source}``: what viz may not call."""
+    return {node.name for source in sources.values() for node in ast.parse(source).body
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
+
+
+def drawing_violations(imports, functions, helpers=DRAWING_HELPERS):
+    """Imports in viz's drawings (not its widgets) of a lower layer's function or whole module.
+
+    ``functions`` are the lower layers' public functions (:func:`lower_functions`); the
+    ``helpers`` among them format a result and are allowed. A module imported whole
+    (``from parlab import memory``) is reported too: its functions could be called unseen.
+    """
+    bad = []
+    for name, found in imports.items():
+        if _layer(name) != "viz" or name.startswith("parlab.viz.widgets"):
+            continue
+        for line, module, names in found:
+            if _layer(module) == "viz":
+                continue
+            bad += [f"{name}:{line} imports the module parlab.{n}: import the types it draws"
+                    for n in names if module == "parlab" and f"parlab.{n}" in MODULES]
+            bad += [f"{name}:{line} imports {n} from {module}, a function that computes: viz "
+                    "draws what its caller computed (in parlab.experiments, a cell or a widget)"
+                    for n in names if n in functions and n not in helpers]
+    return bad
+
+
+def constructor_calls(sources):
+    """Calls, in viz's drawings, of a class imported from a lower layer (``BookMLP(...)``):
+    building a model or a calculator's object is computing too; a drawing takes it built."""
+    bad = []
+    for name, source in sources.items():
+        if _layer(name) != "viz" or name.startswith("parlab.viz.widgets"):
+            continue
+        lower = {n for _, module, names in _imports_of(source) if _layer(module) != "viz"
+                 for n in names}
+        bad += [f"{name}:{c.lineno} builds {c.func.id}: take it built, as an argument"
+                for c in ast.walk(ast.parse(source)) if isinstance(c, ast.Call)
+                and isinstance(c.func, ast.Name) and c.func.id in lower - DRAWING_HELPERS
+                and c.func.id[:1].isupper()]
     return bad
 
 
@@ -262,6 +318,62 @@ def test_the_viz_rule_reports_planted_violations():
         "parlab.viz.plots.fake:2", "parlab.viz.plots.fake:5", "parlab.viz.plots.fake:5",
         "parlab.viz.plots.fake:6"], bad
     assert "execute" in bad[-1]
+
+
+def _below_viz_sources():
+    return {name: path.read_text() for name, path in MODULES.items()
+            if _level(_layer(name)) is not None and _level(_layer(name)) < _level("viz")}
+
+
+def test_viz_drawings_take_results_and_call_no_calculator():
+    bad = drawing_violations(import_map(), lower_functions(_below_viz_sources()))
+    assert bad == [], "\n".join(bad)
+
+
+def test_viz_drawings_build_no_lower_layer_object():
+    sources = {name: path.read_text() for name, path in MODULES.items()}
+    bad = constructor_calls(sources)
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_constructor_rule_reports_planted_violations():
+    source = ("from parlab.models import BookMLP, GB\n"
+              "from parlab.viz.style import Thing\n"
+              "def draw(mlp: BookMLP):\n"
+              "    Thing(1)\n"
+              "    return BookMLP((4, 2)).step(1)\n")
+    bad = constructor_calls({"parlab.viz.plots.fake": source,
+                             "parlab.viz.widgets.fake": source})  # explorers may build
+    assert bad == ["parlab.viz.plots.fake:5 builds BookMLP: take it built, as an argument"]
+
+
+def test_the_drawing_helpers_are_defined_in_lower_layers():
+    defined = {node.name for source in _below_viz_sources().values()
+               for node in ast.parse(source).body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert DRAWING_HELPERS <= defined, DRAWING_HELPERS - defined
+
+
+def test_the_drawing_rule_reports_planted_violations():
+    functions = lower_functions({
+        "parlab.memory.fake": "GB = 10**9\nclass Breakdown:\n    pass\n"
+                              "def estimate(config):\n    return config\n"
+                              "def _helper():\n    return 1\n",
+        "parlab.pipeline.fake": "def compare():\n    pass\ndef action_code(a):\n    pass\n"})
+    assert functions == {"estimate", "compare", "action_code"}
+    source = ("from parlab.memory import Breakdown, estimate, GB\n"
+              "from parlab.units import format_bytes\n"
+              "from parlab import memory\n"
+              "def draw(result):\n"
+              "    from parlab.pipeline import action_code, compare\n"
+              "    from parlab.viz.style import show\n")
+    planted = {"parlab.viz.plots.fake": _imports_of(source),
+               "parlab.viz.widgets.fake": [(1, "parlab.memory", ["estimate"])],  # explorers
+               "parlab.experiments.fake": [(1, "parlab.pipeline", ["compare"])]}  # above viz
+    bad = drawing_violations(planted, functions)
+    assert [b.split(" ")[0] for b in bad] == ["parlab.viz.plots.fake:1", "parlab.viz.plots.fake:3",
+                                              "parlab.viz.plots.fake:5"], bad
+    assert "estimate" in bad[0] and "parlab.memory" in bad[1] and "compare" in bad[2]
 
 
 def test_rank_starters_are_all_listed():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from parlab.models import BookMLP, bytes_by_scaling, held_bytes, tensor_bytes
-from parlab.viz.plots import figure_8_1_step
+from parlab.experiments import book_step
 
 SIZES = (4, 5, 5, 2)
 
@@ -36,7 +36,7 @@ def test_a_view_counts_its_own_elements_and_held_bytes_counts_its_storage():
 
 @pytest.mark.parametrize("peer", [False, True])
 def test_figure_8_1_rows_count_the_data_a1_trains_on(peer):
-    mlp = figure_8_1_step(SIZES, batch=8, with_peer=peer)
+    mlp = book_step(SIZES, batch=8, with_peer=peer)
     rows = {r.key: r for r in mlp.memory_rows() if r.layer == "input"}
     samples = 4 if peer else 8
     assert rows["x"].nbytes == samples * SIZES[0] * 4
@@ -47,8 +47,8 @@ def test_figure_8_1_rows_count_the_data_a1_trains_on(peer):
 
 
 def test_a1_with_a_peer_holds_less_than_one_gpu_alone_and_why():
-    alone = bytes_by_scaling(figure_8_1_step(SIZES, batch=8, with_peer=False))
-    a1 = bytes_by_scaling(figure_8_1_step(SIZES, batch=8, with_peer=True))
+    alone = bytes_by_scaling(book_step(SIZES, batch=8, with_peer=False))
+    a1 = bytes_by_scaling(book_step(SIZES, batch=8, with_peer=True))
     weights = 4 * sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
     assert a1["batch"] * 2 == alone["batch"]                 # half the samples
     assert a1["parameters"] - alone["parameters"] == weights  # one more copy: remote grads
@@ -66,7 +66,7 @@ def test_a_step_on_a_view_lists_fewer_bytes_than_it_keeps_alive():
 
 
 def test_only_w_and_b_are_parameters():
-    mlp = figure_8_1_step(SIZES, batch=8, with_peer=True)
+    mlp = book_step(SIZES, batch=8, with_peer=True)
     module_params = sum(p.numel() for p in mlp.to_torch().parameters())
     rows = mlp.memory_rows()
     w_b = sum(r.nbytes for r in rows if r.key in ("W", "b")) // 4

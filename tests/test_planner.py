@@ -9,7 +9,7 @@ from parlab.units import GB
 from parlab.models import CONFIGS, GPT3_175B, count_parameters
 from parlab.hybrid import Assumptions, bubble_fraction, evaluate, plan, search, table
 from parlab.comm import GROUP_KINDS, Mesh
-from parlab.hybrid import cluster, group_links, place
+from parlab.hybrid import cluster, group_links, place, placement
 from parlab.comm import allreduce_time, nic, rail_optimized
 
 
@@ -243,7 +243,7 @@ def test_placement_and_layout_figures_draw():
     found = search("GPT-3 13B", 64, 80)
     best = candidates(found, 4)
     assert best[0] is found.ranked[0] and len({(x.dp, x.tp, x.pp) for x in best}) == 4
-    for fig in (layouts_figure(found), placement_figure(2, 2, 2, gpus_per_server=2)):
+    for fig in (layouts_figure(found), placement_figure(placement(2, 2, 2, gpus_per_server=2))):
         assert len(fig.axes) >= 1
         plt.close(fig)
     assert math.isclose(bubble_fraction(1, 5), 0.0)

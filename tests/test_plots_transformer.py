@@ -16,7 +16,7 @@ def test_figure_8_16_shows_what_the_model_computes():
 
 
 def test_figure_8_15_is_labelled_from_the_config():
-    fig = transformer_figure(GPT3_175B)
+    fig = transformer_figure(GPT3_175B, count_parameters(GPT3_175B))
     title = fig.axes[0].get_title()
     assert f"{count_parameters(GPT3_175B)['total']:,}" in title
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)

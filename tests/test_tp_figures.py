@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from parlab.models import CONFIGS  # noqa: E402
+from parlab.models import CONFIGS, count_parameters  # noqa: E402
 from parlab.experiments import collective_calls, qkv_example, run_attention  # noqa: E402
 from parlab.viz.plots import book_attention_figure, local_qkv_figure, transformer_figure  # noqa: E402
 from parlab.viz.plots.tensor_parallel import book_attention_rows  # noqa: E402
@@ -55,7 +55,8 @@ def text_problems(fig) -> list[str]:
 
 @pytest.mark.parametrize("name", ["GPT-3 175B", "GPT-2 small", "tiny"])
 def test_figure_8_15_labels_fit_their_boxes(name):
-    assert text_problems(transformer_figure(CONFIGS[name])) == []
+    config = CONFIGS[name]
+    assert text_problems(transformer_figure(config, count_parameters(config))) == []
 
 
 def test_the_fit_check_finds_an_overflowing_label():

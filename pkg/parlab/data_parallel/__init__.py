@@ -18,6 +18,7 @@ from parlab.data_parallel.scaling import (
     replica_names, SCALES, TOKENS_PER_GPU, bucketing_table, gradient_bytes, layer_traffic, measure_traffic,
     sync_cost, traffic_table
 )
+from parlab.data_parallel.scaling import sync_scaling, SyncScaling
 
 __all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTES",
            "DDP_BUCKET_CAP_BYTES", "all_reduce_buckets", "SyncStats", "step",
@@ -26,4 +27,4 @@ __all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTE
            "latest_checkpoint", "read_journal", "max_difference", "training_trace",
            "replica_names", "gradient_bytes",
            "measure_traffic", "traffic_table", "layer_traffic", "sync_cost", "bucketing_table",
-           "TOKENS_PER_GPU", "SCALES"]
+           "TOKENS_PER_GPU", "SCALES", "SyncScaling", "sync_scaling"]

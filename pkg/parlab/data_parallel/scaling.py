@@ -10,16 +10,21 @@ shows that a layer's gradient traffic is its weight count, whatever the batch. M
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from parlab.comm import (
-    allreduce_bytes_per_rank, allreduce_steps, allreduce_time, gpu_name, nic, run_with_traffic
+    ALGORITHMS, allreduce_bytes_per_rank, allreduce_steps, allreduce_time, gpu_name, nic,
+    run_with_traffic
 )
 from parlab.data_parallel.sync import bucket_bytes, make_buckets
+from parlab.models import compute_seconds
 from parlab.data_parallel.training import (
     TrainSpec, make_model, max_difference, reference, train_rank
 )
 
 __all__ = ["replica_names", "gradient_bytes", "measure_traffic", "traffic_table",
-           "layer_traffic", "sync_cost", "bucketing_table", "TOKENS_PER_GPU", "SCALES"]
+           "layer_traffic", "sync_cost", "bucketing_table", "TOKENS_PER_GPU", "SCALES",
+           "SyncScaling", "sync_scaling"]
 
 
 def replica_names(world_size: int) -> list[str]:
@@ -109,6 +114,34 @@ def sync_cost(params: float, gpus: int, gbps: float, algorithm: str, dtype_bytes
     size = params * dtype_bytes
     busiest = max(allreduce_bytes_per_rank(size, gpus, algorithm))
     return busiest, allreduce_time(size, gpus, algorithm, nic(gbps))
+
+
+@dataclass(frozen=True)
+class SyncScaling:
+    """:func:`sync_cost` of every all-reduce algorithm at every cluster size of ``scales``,
+    the compute time of one step, and the chosen algorithm at ``gpus``."""
+
+    params: float
+    gpus: int
+    gbps: float
+    algorithm: str
+    dtype_bytes: int
+    scales: list             # GPUs: 2 ... 16384 (:data:`SCALES`)
+    curves: dict             # {algorithm: [(bytes through the busiest NIC, seconds) per scale]}
+    compute_seconds: float   # forward + backward of TOKENS_PER_GPU tokens
+    busiest: float           # bytes through the busiest NIC at ``gpus`` with ``algorithm``
+    seconds: float           # and the seconds they take
+
+
+def sync_scaling(params: float, gpus: int, gbps: float, algorithm: str,
+                 dtype_bytes: int = 2) -> SyncScaling:
+    """The gradient all-reduce of ``params`` parameters from 2 to 16384 GPUs, each algorithm
+    (:func:`sync_cost`), against :func:`parlab.models.compute_seconds` of one step."""
+    curves = {alg: [sync_cost(params, n, gbps, alg, dtype_bytes) for n in SCALES]
+              for alg in ALGORITHMS}
+    busiest, seconds = sync_cost(params, gpus, gbps, algorithm, dtype_bytes)
+    return SyncScaling(params, gpus, gbps, algorithm, dtype_bytes, list(SCALES), curves,
+                       compute_seconds(params, TOKENS_PER_GPU), busiest, seconds)
 
 
 def bucketing_table(params, gpus: int = 64, gbps: float = 400,

@@ -18,9 +18,9 @@ from parlab.exercises.registry import close, exercise, right, wrong
                   "bytes does A1 hold in all, counted as in the table of the lone GPU?")
 def _a1_with_peer(answer):
     from parlab.models import bytes_by_scaling
-    from parlab.viz.plots import figure_8_1_step
-    alone = bytes_by_scaling(figure_8_1_step(with_peer=False))
-    a1 = bytes_by_scaling(figure_8_1_step(with_peer=True))
+    from parlab.experiments import book_step
+    alone = bytes_by_scaling(book_step(with_peer=False))
+    a1 = bytes_by_scaling(book_step(with_peer=True))
     expected, whole = sum(a1.values()), sum(alone.values())
     remote = a1["parameters"] - alone["parameters"]
     value = float(answer)

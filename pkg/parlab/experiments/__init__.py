@@ -18,7 +18,7 @@ draws. Imports every subpackage below it, viz included.
 """
 
 from parlab.experiments.ch00 import collective_explorer, draw_collective
-from parlab.experiments.ch01 import model_sizes_figure
+from parlab.experiments.ch01 import book_step, model_sizes_figure
 from parlab.experiments.ch02 import book_step_explorer, BookRun, FIGURE_8_2, run_figure_8_2
 from parlab.experiments.ch03 import BOOK_ACTIVE_PERCENT, BOOK_STEPS, errata, Erratum
 from parlab.experiments.ch04_attention import Comparison, run_attention, run_ffn
@@ -29,17 +29,18 @@ from parlab.experiments.ch04_book import (
     embedding_wire_bytes, ffn_backward_sums, ffn_widths, gpt3_counts, gradient_shard_bytes,
     layer_memory, softmax_and_context
 )
-from parlab.experiments.ch04_figures import qkv_example, strategy_explorer
+from parlab.experiments.ch04_figures import qkv_example, qkv_shards, strategy_explorer
 from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's figures)
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize
 from parlab.experiments.ch06 import stage_table
 
-__all__ = ["collective_explorer", "draw_collective", "model_sizes_figure", "FIGURE_8_2", "BookRun",
-           "run_figure_8_2", "book_step_explorer", "BOOK_STEPS", "BOOK_ACTIVE_PERCENT", "Erratum",
-           "errata", "Comparison", "run_attention", "run_ffn", "STRATEGIES", "run_embedding",
-           "run_layer_strategy", "run_mlp", "BOOK_SAYS", "gpt3_counts", "CollectiveCall",
-           "collective_calls", "calls_table", "gradient_shard_bytes", "ffn_backward_sums",
-           "layer_memory", "book_rounding", "column_split_input", "softmax_and_context",
-           "ffn_widths", "embedding_wire_bytes", "qkv_example", "strategy_explorer", "SummaryRow",
-           "summary_table", "summary_text", "CopySize", "copy_sizes", "copy_table", "stage_table"]
+__all__ = ["collective_explorer", "draw_collective", "book_step", "model_sizes_figure",
+           "FIGURE_8_2", "BookRun", "run_figure_8_2", "book_step_explorer", "BOOK_STEPS",
+           "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Comparison", "run_attention", "run_ffn",
+           "STRATEGIES", "run_embedding", "run_layer_strategy", "run_mlp", "BOOK_SAYS",
+           "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table",
+           "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
+           "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
+           "qkv_example", "qkv_shards", "strategy_explorer", "SummaryRow", "summary_table",
+           "summary_text", "CopySize", "copy_sizes", "copy_table", "stage_table"]

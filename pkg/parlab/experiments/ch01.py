@@ -1,5 +1,5 @@
-"""Chapter 01's figure recipes: a real training step, the memory calculator against 80 GB, the
-fewest GPUs for GPT-3, and the cost of failures.
+"""Chapter 01's experiments and figure recipes: a real training step (:func:`book_step`), the
+memory calculator against 80 GB, the fewest GPUs for GPT-3, and the cost of failures.
 
 Each recipe runs or computes here and hands the result to :mod:`parlab.viz.plots`, which
 only draws.
@@ -7,20 +7,45 @@ only draws.
 
 from __future__ import annotations
 
-from parlab.memory import estimate, min_gpus, training_cost
-from parlab.models import CONFIGS
-from parlab.viz import figure
-from parlab.viz.plots import (
-    checkpoint_curve, figure_8_1, figure_8_1_step, memory_bars, memory_split
-)
+import torch
 
-__all__ = ["model_sizes_figure", "gpt3_split_figure"]
+from parlab.memory import estimate, min_gpus, training_cost, waste_curve
+from parlab.models import BookMLP, CONFIGS
+from parlab.viz import figure
+from parlab.viz.plots import checkpoint_curve, figure_8_1, memory_bars, memory_split
+
+__all__ = ["book_step", "model_sizes_figure", "gpt3_split_figure"]
+
+
+def book_step(sizes=(4, 5, 5, 2), batch: int = 8, seed: int = 0,
+              with_peer: bool = True) -> BookMLP:
+    """One real training step of a :class:`BookMLP`, as rank A1 of two data-parallel replicas.
+
+    With ``with_peer`` a second, identical replica (A2) computes its local gradients on the
+    other half of the batch, and A1 receives them as its remote gradients (world size 2);
+    without it A1 trains alone on the whole batch and has no remote gradients.
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, sizes[0], generator=g)
+    target = torch.randn(batch, sizes[-1], generator=g)
+    mlp = BookMLP(sizes, seed=seed)
+    if not with_peer:
+        mlp.step(x, target)
+        return mlp
+    half = batch // 2
+    peer = BookMLP(sizes, seed=seed)
+    peer.forward(x[half:])
+    peer.backward(target[half:])
+    # A1's own copy of its half, as on its own GPU (a view would keep A2's half alive too)
+    mlp.step(x[:half].clone(), target[:half].clone(), exchange=lambda local: peer.local_grads(),
+             world_size=2)
+    return mlp
 
 
 @figure("fig-8-01-gpu-memory", "Figure 8-1: what one GPU keeps during a real training step")
 def _figure_8_1():
     """Figure 8-1 for GPU A1 of two data-parallel replicas."""
-    return figure_8_1(figure_8_1_step())
+    return figure_8_1(book_step())
 
 
 @figure("fig-01-memory-bar", "Training memory per GPU: GPT-2 and GPT-3 sizes against 80 GB")
@@ -47,4 +72,4 @@ def gpt3_split_figure():
 def _checkpoint_cost():
     """The book's run with failures every 8 hours and 10-minute checkpoints."""
     run = training_cost(gpus=50_000, watts_per_gpu=350, days=60, usd_per_kwh=0.10)
-    return checkpoint_curve(run, mtbf_hours=8)
+    return checkpoint_curve(waste_curve(run, mtbf_hours=8))

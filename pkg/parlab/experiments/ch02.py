@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from parlab.data_parallel import (
-    GradientExchange, gradient_bytes, make_batch, replica_names, split_batch, traffic_table,
-    TrainSpec
+    GradientExchange, gradient_bytes, make_batch, replica_names, split_batch, sync_scaling,
+    traffic_table, TrainSpec
 )
 from parlab.launch import run
 from parlab.models import BookMLP, GPT3_175B, count_parameters
@@ -157,5 +157,5 @@ def _traffic_default():
 
 @figure("fig-02-traffic-scaling", "Data-parallel traffic and time per step from 2 to 16384 GPUs")
 def _scaling_default():
-    return scaling_figure(count_parameters(GPT3_175B)["total"], 1024, 400, "ring",
-                          label="GPT-3 175B")
+    scaling = sync_scaling(count_parameters(GPT3_175B)["total"], 1024, 400, "ring")
+    return scaling_figure(scaling, label="GPT-3 175B")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from parlab.hybrid import pipeline_data_parallel
-from parlab.pipeline import action_code, schedule, simulate, transfer_label
+from parlab.pipeline import action_code, schedule, simulate, tradeoffs, transfer_label
 from parlab.viz import figure
 from parlab.viz.plots import comparison_figure, gantt_figure, step_figure, sync_figure
 
@@ -112,7 +112,7 @@ def _sync():
 
 @figure("fig-03-schedule-comparison", "Naive, GPipe, 1F1B, interleaved: bubble, memory, traffic")
 def _comparison():
-    return comparison_figure()
+    return comparison_figure(tradeoffs())
 
 
 @figure("fig-03-schedule-gantt", "Gantt charts of the book's schedule, GPipe, 1F1B, interleaved")

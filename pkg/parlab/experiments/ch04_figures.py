@@ -13,15 +13,15 @@ import torch
 from parlab.comm import ring_wire_bytes
 from parlab.experiments.ch04_attention import run_attention, run_ffn
 from parlab.experiments.ch04_layers import run_layer_strategy
-from parlab.models import GPT3_175B, TransformerConfig, build_model
-from parlab.tensor_parallel import attention_bytes, slide_costs, total
+from parlab.models import GPT3_175B, TransformerConfig, build_model, count_parameters
+from parlab.tensor_parallel import attention_bytes, shard_spec, ShardSpec, slide_costs, total
 from parlab.viz import Explorer, explore, figure
 from parlab.viz.plots import (
     attention_bytes_figure, book_attention_figure, ffn_figure, local_qkv_figure,
     qkv_sharding_figure, strategy_figure, transformer_figure
 )
 
-__all__ = ["qkv_example", "strategy_rows", "strategy_explorer"]
+__all__ = ["qkv_example", "qkv_shards", "strategy_rows", "strategy_explorer"]
 
 
 def qkv_example(tokens=(3, 7, 1, 5), seed: int = 0) -> dict[str, torch.Tensor]:
@@ -44,6 +44,16 @@ def qkv_example(tokens=(3, 7, 1, 5), seed: int = 0) -> dict[str, torch.Tensor]:
             out[f"W_{name}"] = proj.weight.T.detach()
             out[name] = by_hand
     return out
+
+
+def qkv_shards(d_model: int = 8, ranks: int = 2) -> dict[str, list[ShardSpec]]:
+    """Figure 8-17's cuts: for "Q", "K", "V", the :class:`~parlab.tensor_parallel.ShardSpec`
+    of each GPU (A1, A2, ...) of a ``d_model`` x ``d_model`` weight split by its rows, the
+    output columns of the book's layout, as :class:`parlab.tensor_parallel.BookAttention`
+    cuts them."""
+    names = [f"A{r + 1}" for r in range(ranks)]
+    return {letter: shard_spec(f"W_{letter}", (d_model, d_model), "rows", ranks, owners=names)
+            for letter in "QKV"}
 
 
 #: Which collective of each strategy's step carries the tensor the slide counts:
@@ -96,7 +106,7 @@ def strategy_explorer(batch: int = 8, c_in: int = 64, c_out: int = 128) -> Explo
 
 @figure("fig-8-15-transformer", "Figure 8-15: GPT-3's decoder stack, counted from its config")
 def _figure_8_15():
-    return transformer_figure(GPT3_175B)
+    return transformer_figure(GPT3_175B, count_parameters(GPT3_175B))
 
 
 @figure("fig-8-16-local-qkv", "Figure 8-16: Q, K, V from the embeddings on one GPU")
@@ -106,7 +116,7 @@ def _figure_8_16():
 
 @figure("fig-8-17-qkv-sharding", "Figure 8-17: W_Q, W_K, W_V split by columns over A1 and A2")
 def _fig_8_17():
-    return qkv_sharding_figure()
+    return qkv_sharding_figure(qkv_shards())
 
 
 @figure("fig-8-18-attention-tensor-parallel",

@@ -9,7 +9,7 @@ Each recipe searches, profiles or runs ranks here and hands the result to
 
 from __future__ import annotations
 
-from parlab.hybrid import run_3d, search
+from parlab.hybrid import cnn_communication, placement, run_3d, search
 from parlab.models import profile, SmallCNN
 from parlab.viz import figure
 from parlab.viz.plots import cnn_figure, layouts_figure, placement_figure, traffic_3d_figure
@@ -26,13 +26,13 @@ def _planner_layouts():
 @figure("fig-05-rank-placement", "Rank placement: tensor groups in a server, stages along "
         "rails (dp 2 x tp 4 x pp 4 on 4 servers of 8)")
 def _rank_placement():
-    return placement_figure(2, 4, 4)
+    return placement_figure(placement(2, 4, 4))
 
 
 @figure("fig-05-cnn-compute-vs-params", "A small CNN: compute in the convolutions, parameters "
         "in the fully connected layers, and the communication per strategy")
 def _cnn():
-    return cnn_figure(profile(SmallCNN(), (3, 32, 32), batch=8))
+    return cnn_figure(cnn_communication(profile(SmallCNN(), (3, 32, 32), batch=8)))
 
 
 @figure("fig-05-3d-traffic", "The 8-rank 3D job (dp 2 x tp 2 x pp 2): bytes by group and link")

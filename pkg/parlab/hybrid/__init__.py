@@ -17,13 +17,14 @@ none writes a loop or an all-reduce of its own.
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction, TIME_PARTS
 from parlab.hybrid.planner import evaluate, Layout, plan, Rejected, Search, search, table
 from parlab.hybrid.explain import explain
-from parlab.hybrid.placement import cluster, group_links, place
+from parlab.hybrid.placement import cluster, group_links, place, placement, Placement
 from parlab.hybrid.parallel3d import Run3D, run_3d
 from parlab.hybrid.pipeline_data import (
     hybrid_name, HybridRun, pipeline_data_parallel, SYNC_FORMAT, SyncPair
 )
 from parlab.hybrid.cnn import (
-    TENSOR_SPLITS, assignment_bytes, crossover_batch, hybrid_traffic, HybridTraffic
+    TENSOR_SPLITS, assignment_bytes, cnn_communication, CnnCommunication, crossover_batch,
+    hybrid_traffic, HybridTraffic
 )
 from parlab.hybrid.cnn_step import hybrid_step
 from parlab.hybrid.zero_tensor import run_zero_tensor, ZeroTensorRun
@@ -33,4 +34,4 @@ __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "eva
            "Run3D", "run_3d", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
            "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
            "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "run_zero_tensor",
-           "ZeroTensorRun"]
+           "ZeroTensorRun", "Placement", "placement", "CnnCommunication", "cnn_communication"]

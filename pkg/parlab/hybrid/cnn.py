@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.models import LayerProfile, communication_per_layer
+from parlab.models import LayerProfile, communication_per_layer, share_by_kind
 
 __all__ = ["crossover_batch", "assignment_bytes", "HybridTraffic", "hybrid_traffic",
-           "TENSOR_SPLITS"]
+           "TENSOR_SPLITS", "CnnCommunication", "cnn_communication"]
 
 #: The two ways to split one layer (the slides' "partition output" and "reduce output").
 TENSOR_SPLITS = ("tp_partition_output", "tp_reduce_output")
@@ -46,6 +46,31 @@ def crossover_batch(profiles: list[LayerProfile], layer: str) -> int:
     row = rows[layer]
     per_sample = min(row[k] for k in TENSOR_SPLITS)
     return (row["data_parallel"] - 1) // per_sample  # largest B with B x per_sample < data
+
+
+@dataclass(frozen=True)
+class CnnCommunication:
+    """Where a CNN's FLOPs and parameters are, its bytes per layer per strategy at ``batch``,
+    and one layer's bytes for one sample with its crossover batch (:func:`cnn_communication`)."""
+
+    batch: int
+    layer: str
+    shares: dict       # {kind: {"flops": share, "params": share}} (share_by_kind)
+    rows: list         # communication_per_layer at ``batch``
+    one: dict          # ``layer``'s row of communication_per_layer at batch 1
+    crossover: int     # crossover_batch of ``layer``
+
+
+def cnn_communication(profiles: list[LayerProfile], batch: int = 8,
+                      layer: str = "conv5") -> CnnCommunication:
+    """The numbers of the chapter's CNN figure, from the profiles of
+    :func:`parlab.models.profile`."""
+    one = {r["layer"]: r for r in communication_per_layer(profiles, 1)}
+    if layer not in one:
+        raise ValueError(f"no layer {layer!r}; layers: {list(one)}")
+    return CnnCommunication(batch, layer, share_by_kind(profiles),
+                            communication_per_layer(profiles, batch), one[layer],
+                            crossover_batch(profiles, layer))
 
 
 def assignment_bytes(profiles: list[LayerProfile], batch: int) -> dict[tuple[str, str], int]:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 
 from parlab.comm import GROUP_KINDS, Mesh, Topology, rail_optimized
 from parlab.tensor_parallel import divisors
 
-__all__ = ["place", "cluster", "group_links"]
+__all__ = ["place", "cluster", "group_links", "Placement", "placement"]
 
 
 def _positive(name: str, value) -> None:
@@ -78,6 +79,25 @@ def place(dp: int, tp: int, pp: int, gpus_per_server: int = 8) -> list[int]:
             server = servers - 1 - server
         gpu_of.append(server * gpus_per_server + column * tp + t)
     return gpu_of
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A layout placed on servers: every rank's GPU and its (replica, stage, tensor) coordinates."""
+
+    dp: int
+    tp: int
+    pp: int
+    gpus_per_server: int
+    gpu_of: list           # :func:`place`: the GPU of every rank, in rank order
+    coordinates: list      # :meth:`parlab.comm.Mesh.coordinates` of every rank
+
+
+def placement(dp: int, tp: int, pp: int, gpus_per_server: int = 8) -> Placement:
+    """:func:`place` with the mesh coordinates of every rank: what a placement figure draws."""
+    gpu_of, mesh = place(dp, tp, pp, gpus_per_server), Mesh(dp=dp, pp=pp, tp=tp)
+    return Placement(dp, tp, pp, gpus_per_server, gpu_of,
+                     [mesh.coordinates(rank) for rank in range(len(gpu_of))])
 
 
 def group_links(dp: int, tp: int, pp: int, topology: Topology,

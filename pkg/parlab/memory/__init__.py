@@ -35,7 +35,7 @@ from parlab.memory.recompute import (
 )
 from parlab.memory.energy import (
     expected_waste, failure_cost, rdma_retry_times, RetryTimes, RunCost, training_cost, Waste,
-    young_interval
+    waste_curve, WasteCurve, young_interval
 )
 from parlab.memory.korthikanti import compare_block, korthikanti_terms
 from parlab.memory.serving import Serving, serving_bytes
@@ -47,4 +47,5 @@ __all__ = ["check_optimizer", "bytes_per_parameter_table", "PRECISIONS", "OPTIMI
            "rdma_retry_times", "RetryTimes", "RECOMPUTE", "layer_activations", "recompute_flops",
            "RecomputeFlops", "Trace", "live_bytes", "measure_recompute", "RecomputeResult",
            "ModuleTrace", "trace_module", "stage_ranges", "block_activations", "korthikanti_terms",
-           "compare_block", "tensor_split_sizes", "tp_problem", "Serving", "serving_bytes"]
+           "compare_block", "tensor_split_sizes", "tp_problem", "Serving", "serving_bytes",
+           "WasteCurve", "waste_curve"]

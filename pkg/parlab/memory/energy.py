@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["RunCost", "Waste", "RetryTimes", "training_cost", "failure_cost", "expected_waste",
-           "young_interval", "rdma_retry_times"]
+           "young_interval", "rdma_retry_times", "WasteCurve", "waste_curve"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,33 @@ def young_interval(mtbf_hours: float, checkpoint_minutes: float) -> float:
     """Young's (1974) near-optimal checkpoint interval sqrt(2 c mtbf), in hours."""
     return math.sqrt(2 * _positive("checkpoint_minutes", checkpoint_minutes) / 60
                      * _positive("mtbf_hours", mtbf_hours))
+
+
+@dataclass(frozen=True)
+class WasteCurve:
+    """Expected waste of one run against the checkpoint interval (:func:`waste_curve`)."""
+
+    run: RunCost
+    mtbf_hours: float
+    intervals: list          # checkpoint intervals (hours), log-spaced
+    wasted_usd: list         # expected wasted dollars at each interval
+    best: float              # Young's interval (hours)
+    at_best: Waste           # the waste at Young's interval
+    never: Waste             # the waste without checkpoints
+
+
+def waste_curve(run: RunCost, mtbf_hours: float, checkpoint_minutes: float = 10,
+                restart_minutes: float = 30, points: int = 81) -> WasteCurve:
+    """:func:`expected_waste` at ``points`` intervals from half a checkpoint's time to the run
+    (at most 3 x ``mtbf_hours``), with Young's interval and the run without checkpoints."""
+    best = young_interval(mtbf_hours, checkpoint_minutes)
+    lo, hi = checkpoint_minutes / 60 / 2, min(run.hours, 3 * mtbf_hours)
+    ks = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)]
+    waste = [expected_waste(run, mtbf_hours, k, checkpoint_minutes, restart_minutes).wasted_usd
+             for k in ks]
+    never = expected_waste(run, mtbf_hours, None, restart_minutes=restart_minutes)
+    at_best = expected_waste(run, mtbf_hours, best, checkpoint_minutes, restart_minutes)
+    return WasteCurve(run, mtbf_hours, ks, waste, best, at_best, never)
 
 
 class RetryTimes(NamedTuple):

@@ -22,11 +22,14 @@ from parlab.pipeline.torch_pipelining import our_action_order, torch_pipelining,
 from parlab.pipeline.slots import (
     doubled_steps, one_action_per_slot, slot_count, SlotCount, work_percent
 )
-from parlab.pipeline.tradeoffs import COMPARED, compare, comparison_table, ScheduleCost
+from parlab.pipeline.tradeoffs import (
+    COMPARED, compare, comparison_table, ScheduleCost, Tradeoffs, tradeoffs
+)
 
 __all__ = ["Action", "Schedule", "schedule", "from_order", "StageTransfer", "Event", "Simulation",
            "simulate", "stage_gpu_name", "run_schedule", "split_layers", "StageRun", "run_network",
            "stage_layers", "max_difference", "action_code", "describe_step", "transfer_label",
            "Network", "Execution", "execute", "reference", "TorchRun", "torch_pipelining",
            "our_action_order", "compare", "comparison_table", "ScheduleCost", "COMPARED",
-           "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps"]
+           "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps",
+           "Tradeoffs", "tradeoffs"]

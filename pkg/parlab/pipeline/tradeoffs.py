@@ -16,7 +16,7 @@ from parlab.pipeline.simulator import Simulation, simulate
 from parlab.units import format_bytes
 
 __all__ = ["compare", "comparison_table", "ScheduleCost", "peak_activation_bytes", "COMPARED",
-           "DEFAULT_MODEL"]
+           "DEFAULT_MODEL", "Tradeoffs", "tradeoffs"]
 
 #: The schedules the comparison lines up (the book's own is GPipe-like: same time as "book").
 COMPARED = ("naive", "gpipe", "1f1b", "interleaved")
@@ -98,6 +98,27 @@ def compare(stages: int = 4, microbatches: int = 8, chunks: int = 2, model=DEFAU
         except ValueError as exc:
             rows.append(ScheduleCost(name, 0, 0.0, float("nan"), 0, 0, 0, str(exc)))
     return rows
+
+
+@dataclass
+class Tradeoffs:
+    """:func:`compare` over many m at one (p, v), and interleaved over many v at one (p, m)."""
+
+    stages: int
+    microbatches: int
+    chunks: int
+    by_m: dict            # {m: {schedule name: ScheduleCost}}, m ascending
+    by_v: dict            # {v: ScheduleCost of "interleaved" at v chunks}, v as given
+
+
+def tradeoffs(stages: int = 4, microbatches: int = 8, chunks: int = 2,
+              m_values=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), v_values=(1, 2, 3, 4)) -> Tradeoffs:
+    """The slides' trade-offs as curves: every schedule against m (``microbatches`` included),
+    and what interleaving buys and costs against v (at ``microbatches``)."""
+    m_values = sorted(set(m_values) | {microbatches})
+    by_m = {m: {r.name: r for r in compare(stages, m, chunks)} for m in m_values}
+    by_v = {v: compare(stages, microbatches, v, names=("interleaved",))[0] for v in v_values}
+    return Tradeoffs(stages, microbatches, chunks, by_m, by_v)
 
 
 def comparison_table(rows: list[ScheduleCost]) -> str:

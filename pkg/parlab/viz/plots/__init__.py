@@ -8,7 +8,7 @@ each figure of the book (run or compute, then call a function here) are register
 
 from parlab.viz.plots.basics import before_after, show_collective
 from parlab.viz.plots.memory import (
-    checkpoint_curve, figure_8_1, figure_8_1_step, memory_bars, memory_split
+    checkpoint_curve, figure_8_1, memory_bars, memory_split
 )
 from parlab.viz.plots.data_parallel import figure_8_2, loss_curves, scaling_figure, traffic_figure
 from parlab.viz.plots.pipeline import (
@@ -26,7 +26,7 @@ from parlab.viz.plots.sharded import (
     zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
 )
 
-__all__ = ["show_collective", "before_after", "figure_8_1_step", "figure_8_1", "memory_bars",
+__all__ = ["show_collective", "before_after", "figure_8_1", "memory_bars",
            "memory_split", "checkpoint_curve", "figure_8_2", "loss_curves", "traffic_figure",
            "scaling_figure", "step_figure", "gantt_figure", "comparison_figure", "sync_figure",
            "step_caption", "transformer_figure", "local_qkv_figure", "qkv_sharding_figure",

@@ -1,15 +1,13 @@
 """Chapter 02 pictures: Figure 8-2 run for real, the traffic of data parallelism, and its scaling.
 
 The runs are chapter 02's experiments (:func:`parlab.experiments.run_figure_8_2`,
-:func:`parlab.data_parallel.traffic_table`, :func:`parlab.data_parallel.sync_cost`); this
+:func:`parlab.data_parallel.traffic_table`, :func:`parlab.data_parallel.sync_scaling`); this
 module only draws them.
 """
 
 from __future__ import annotations
 
-from parlab.data_parallel import SCALES, TOKENS_PER_GPU, replica_names, sync_cost
-from parlab.comm import ALGORITHMS
-from parlab.models import compute_seconds
+from parlab.data_parallel import replica_names
 from parlab.viz.style import GPU_COLORS, rank_color
 
 __all__ = ["figure_8_2", "loss_curves", "traffic_figure", "scaling_figure", "ALGORITHM_LABELS"]
@@ -156,25 +154,27 @@ def traffic_figure(table, gradient: int):
 # --------------------------------------------------------------------------- at cluster scale
 
 
-def scaling_figure(params: float, gpus: int, gbps: float, algorithm: str, dtype_bytes: int = 2,
-                   label: str = ""):
-    """Bytes per NIC per step and time per step as the cluster grows from 2 to 16384 GPUs."""
+def scaling_figure(scaling, label: str = ""):
+    """Bytes per NIC per step and time per step as the cluster grows from 2 to 16384 GPUs,
+    from a :class:`parlab.data_parallel.SyncScaling` (what
+    :func:`parlab.data_parallel.sync_scaling` computes)."""
     import matplotlib.pyplot as plt
 
-
+    params, gpus, gbps = scaling.params, scaling.gpus, scaling.gbps
+    algorithm, dtype_bytes = scaling.algorithm, scaling.dtype_bytes
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     size = params * dtype_bytes
-    for k, alg in enumerate(ALGORITHMS):
-        costs = [sync_cost(params, n, gbps, alg, dtype_bytes) for n in SCALES]
+    for k, (alg, costs) in enumerate(scaling.curves.items()):
         style = {"lw": 2.5 if alg == algorithm else 1, "alpha": 1 if alg == algorithm else 0.5,
                  "color": rank_color(k)}
         name = ALGORITHM_LABELS.get(alg, alg)
-        left.plot(SCALES, [c[0] / 1e9 for c in costs], label=name, **style)
-        right.plot(SCALES, [c[1] for c in costs], label=f"communication, {name}", **style)
-    compute = compute_seconds(params, TOKENS_PER_GPU)
+        left.plot(scaling.scales, [c[0] / 1e9 for c in costs], label=name, **style)
+        right.plot(scaling.scales, [c[1] for c in costs], label=f"communication, {name}",
+                   **style)
+    compute = scaling.compute_seconds
     right.axhline(compute, color="black", ls="--", lw=1, label="compute (forward + backward)")
     left.axhline(2 * size / 1e9, color="gray", ls=":", lw=1, label="2 x gradient")
-    busiest, seconds = sync_cost(params, gpus, gbps, algorithm, dtype_bytes)
+    busiest, seconds = scaling.busiest, scaling.seconds
     left.plot([gpus], [busiest / 1e9], "ko")
     right.plot([gpus], [seconds], "ko")
     for ax, title in ((left, "bytes through the busiest NIC per step (GB)"),

@@ -1,49 +1,22 @@
-"""Chapter 01 pictures: Figure 8-1 from a real step, memory bars against a GPU, failure cost."""
+"""Chapter 01 pictures: Figure 8-1 from a real step (:func:`parlab.experiments.book_step`),
+memory bars against a GPU, failure cost."""
 
 from __future__ import annotations
 
 import math
 
 import matplotlib.pyplot as plt
-import torch
 
-from parlab.memory import RunCost, expected_waste, young_interval
+from parlab.memory import Breakdown, WasteCurve
 from parlab.models import BOOK_NAMES, BookMLP
 from parlab.units import GB
-from parlab.memory import Breakdown
 
-__all__ = ["figure_8_1_step", "figure_8_1", "memory_bars", "memory_split", "checkpoint_curve",
-           "PART_COLORS"]
+__all__ = ["figure_8_1", "memory_bars", "memory_split", "checkpoint_curve", "PART_COLORS"]
 
 PART_COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
                "master_weights": "#8172B2", "activations": "#C44E52", "other": "#8C8C8C"}
 _GROUP = {"a": "#4C72B0", "b": "#C44E52", "c": "#C44E52", "d": "#DD8452", "e": "#DD8452",
           "f": "#64B5CD", "g": "#4C72B0", "h": "#55A868"}
-
-
-def figure_8_1_step(sizes=(4, 5, 5, 2), batch: int = 8, seed: int = 0,
-                    with_peer: bool = True) -> BookMLP:
-    """One real training step of a :class:`BookMLP`, as rank A1 of two data-parallel replicas.
-
-    With ``with_peer`` a second, identical replica (A2) computes its local gradients on the
-    other half of the batch, and A1 receives them as its remote gradients (world size 2);
-    without it A1 trains alone on the whole batch and has no remote gradients.
-    """
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, sizes[0], generator=g)
-    target = torch.randn(batch, sizes[-1], generator=g)
-    mlp = BookMLP(sizes, seed=seed)
-    if not with_peer:
-        mlp.step(x, target)
-        return mlp
-    half = batch // 2
-    peer = BookMLP(sizes, seed=seed)
-    peer.forward(x[half:])
-    peer.backward(target[half:])
-    # A1's own copy of its half, as on its own GPU (a view would keep A2's half alive too)
-    mlp.step(x[:half].clone(), target[:half].clone(), exchange=lambda local: peer.local_grads(),
-             world_size=2)
-    return mlp
 
 
 def _network(ax, mlp: BookMLP, highlight: int) -> None:
@@ -137,18 +110,13 @@ def memory_split(one: Breakdown, split: Breakdown, split_label: str, title: str 
     return fig
 
 
-def checkpoint_curve(run: RunCost, mtbf_hours: float, checkpoint_minutes: float = 10,
-                     restart_minutes: float = 30):
-    """Expected wasted dollars against the checkpoint interval, with Young's interval marked."""
-    best = young_interval(mtbf_hours, checkpoint_minutes)
-    lo, hi = checkpoint_minutes / 60 / 2, min(run.hours, 3 * mtbf_hours)
-    ks = [lo * (hi / lo) ** (i / 80) for i in range(81)]
-    waste = [expected_waste(run, mtbf_hours, k, checkpoint_minutes, restart_minutes).wasted_usd
-             for k in ks]
-    none = expected_waste(run, mtbf_hours, None, restart_minutes=restart_minutes)
+def checkpoint_curve(curve: WasteCurve):
+    """Expected wasted dollars against the checkpoint interval, with Young's interval marked,
+    from a :class:`parlab.memory.WasteCurve` (:func:`parlab.memory.waste_curve`)."""
+    run, mtbf_hours, best, at_best = curve.run, curve.mtbf_hours, curve.best, curve.at_best
+    ks, waste, none = curve.intervals, curve.wasted_usd, curve.never
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(ks, [w / 1e6 for w in waste], color="#4C72B0")
-    at_best = expected_waste(run, mtbf_hours, best, checkpoint_minutes, restart_minutes)
     ax.plot([best], [at_best.wasted_usd / 1e6], "o", color="#C44E52")
     ax.annotate(f"Young: every {best:.2g} h, ${at_best.wasted_usd / 1e6:.2f} M",
                 (best, at_best.wasted_usd / 1e6), textcoords="offset points", xytext=(8, 10),

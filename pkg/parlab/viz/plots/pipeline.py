@@ -162,14 +162,14 @@ def gantt_figure(sims):
     return fig
 
 
-def comparison_figure(stages: int = 4, microbatches: int = 8, chunks: int = 2,
-                      m_values=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), v_values=(1, 2, 3, 4)):
+def comparison_figure(tradeoffs):
     """The slides' trade-offs as curves: bubble and activation memory against m, and what
-    interleaving buys (smaller bubble) and costs (more transfers) against v."""
-    from parlab.pipeline import COMPARED, compare
+    interleaving buys (smaller bubble) and costs (more transfers) against v, from a
+    :class:`parlab.pipeline.Tradeoffs` (:func:`parlab.pipeline.tradeoffs`)."""
+    from parlab.pipeline import COMPARED
 
-    m_values = sorted(set(m_values) | {microbatches})
-    rows = {m: {r.name: r for r in compare(stages, m, chunks)} for m in m_values}
+    stages, microbatches, chunks = tradeoffs.stages, tradeoffs.microbatches, tradeoffs.chunks
+    rows, m_values, v_values = tradeoffs.by_m, list(tradeoffs.by_m), list(tradeoffs.by_v)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     styles = {"naive": ("#7F7F7F", "s"), "gpipe": ("#4C72B0", "o"), "1f1b": ("#DD8452", "^"),
               "interleaved": ("#55A868", "D")}
@@ -193,8 +193,7 @@ def comparison_figure(stages: int = 4, microbatches: int = 8, chunks: int = 2,
     axes[1].set_ylabel("peak activations on one GPU (GB)")
     axes[1].set_title("1F1B caps activation memory", fontsize=10)
     vs, bubbles, sends = [], [], []
-    for v in v_values:
-        row = compare(stages, microbatches, v, names=("interleaved",))[0]
+    for v, row in tradeoffs.by_v.items():
         if not row.error:
             vs.append(v), bubbles.append(row.bubble_fraction), sends.append(row.transfers)
     axes[2].plot(vs, bubbles, "D-", color="#55A868", label="bubble fraction")

@@ -1,8 +1,9 @@
 """Chapter 05 pictures: the planner's layouts, where ranks sit on a rail-optimized cluster, the
 CNN's compute against its parameters, and the 3D job's traffic by group and link.
 
-Every drawing takes what the package computed (a :class:`parlab.planner.Search`, a layout's
-degrees, a CNN profile, a :class:`parlab.hybrid.Run3D`), never numbers typed in here.
+Every drawing takes what the package computed (a :class:`parlab.hybrid.Search`, a
+:class:`parlab.hybrid.Placement`, a :class:`parlab.hybrid.CnnCommunication`, a
+:class:`parlab.hybrid.Run3D`), never numbers typed in here.
 """
 
 from __future__ import annotations
@@ -80,13 +81,13 @@ def layouts_figure(search, top: int = 8, title: str = ""):
     return fig
 
 
-def placement_figure(dp: int, tp: int, pp: int, gpus_per_server: int = 8,
-                     max_servers: int = 8, title: str = ""):
-    """Servers as rows, GPU positions (rails) as columns; colour = stage, box = tensor group."""
-    from parlab.comm import Mesh, gpu_name
-    from parlab.hybrid import place
+def placement_figure(placement, max_servers: int = 8, title: str = ""):
+    """Servers as rows, GPU positions (rails) as columns; colour = stage, box = tensor group,
+    from a :class:`parlab.hybrid.Placement` (:func:`parlab.hybrid.placement`)."""
+    from parlab.comm import gpu_name
 
-    gpu_of, mesh = place(dp, tp, pp, gpus_per_server), Mesh(dp=dp, pp=pp, tp=tp)
+    dp, tp, pp = placement.dp, placement.tp, placement.pp
+    gpus_per_server, gpu_of = placement.gpus_per_server, placement.gpu_of
     width = min(gpus_per_server, dp * tp * pp)
     servers = min(max_servers, -(-len(gpu_of) // gpus_per_server))
     fig, ax = plt.subplots(figsize=(max(1.1 * width + 1.5, 6.0), 0.75 * servers + 1.4))
@@ -95,7 +96,7 @@ def placement_figure(dp: int, tp: int, pp: int, gpus_per_server: int = 8,
         server, position = divmod(gpu, gpus_per_server)
         if server >= servers:
             continue
-        c = mesh.coordinates(rank)
+        c = placement.coordinates[rank]
         shade = c.stage / max(pp - 1, 1)  # viridis: dark purple (first stage) to yellow
         ax.add_patch(Rectangle((position + 0.05, server + 0.08), 0.9, 0.84, color=cmap(shade),
                                alpha=0.75))
@@ -121,13 +122,14 @@ def placement_figure(dp: int, tp: int, pp: int, gpus_per_server: int = 8,
     return fig
 
 
-def cnn_figure(profiles, batch: int = 8, layer: str = "conv5", max_batch: int = 64):
-    """Where the CNN's FLOPs and parameters are; bytes per layer per strategy; one layer's line."""
-    from parlab.models import communication_per_layer, share_by_kind
-    from parlab.hybrid import TENSOR_SPLITS, crossover_batch
+def cnn_figure(cnn, max_batch: int = 64):
+    """Where the CNN's FLOPs and parameters are; bytes per layer per strategy; one layer's line,
+    from a :class:`parlab.hybrid.CnnCommunication` (:func:`parlab.hybrid.cnn_communication`)."""
+    from parlab.hybrid import TENSOR_SPLITS
 
+    batch, layer = cnn.batch, cnn.layer
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
-    shares = share_by_kind(profiles)
+    shares = cnn.shares
     kinds = list(shares)
     for i, what in enumerate(("flops", "params")):
         values = [100 * shares[k][what] for k in kinds]
@@ -140,7 +142,7 @@ def cnn_figure(profiles, batch: int = 8, layer: str = "conv5", max_batch: int = 
     a.legend(fontsize=8)
     a.set_title("where the work and the weights are")
 
-    rows = communication_per_layer(profiles, batch)
+    rows = cnn.rows
     names = [r["layer"] for r in rows]
     x = range(len(rows))
     b.bar([i - 0.2 for i in x], [r["data_parallel"] for r in rows], 0.4, label="data parallel")
@@ -152,13 +154,13 @@ def cnn_figure(profiles, batch: int = 8, layer: str = "conv5", max_batch: int = 
     b.legend(fontsize=8)
     b.set_title(f"communication per layer at batch {batch}")
 
-    one = {r["layer"]: r for r in communication_per_layer(profiles, 1)}[layer]
+    one = cnn.one
     batches = list(range(1, max_batch + 1))
     c.plot(batches, [one["data_parallel"]] * len(batches), label="data parallel (weights)")
     for k in TENSOR_SPLITS:
         c.plot(batches, [n * one[k] for n in batches], label=k.replace("tp_", "tensor: ")
                .replace("_", " "))
-    line = crossover_batch(profiles, layer)
+    line = cnn.crossover
     c.axvline(line + 0.5, color="black", ls=":", lw=1)
     c.text(line + 0.5, c.get_ylim()[1] * 0.95, f" up to batch {line}:\n cheaper to split",
            fontsize=8, va="top")

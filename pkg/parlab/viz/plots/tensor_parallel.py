@@ -22,14 +22,15 @@ __all__ = ["qkv_sharding_figure", "book_attention_figure", "book_attention_rows"
 _NAMES = ("A1", "A2")
 
 
-def qkv_sharding_figure(d_model: int = 8, n_heads: int = 2, ranks: int = 2):
+def qkv_sharding_figure(shards: dict, n_heads: int = 2):
     """Figure 8-17: W_Q, W_K, W_V in the book's layout (inputs x outputs), columns per GPU.
 
-    The cuts come from :func:`parlab.tensor_parallel.shard_spec`, as :class:`~parlab.tensor_parallel.attention.BookAttention`
-    makes them; dashed lines mark the heads, so one sees whether a cut falls between heads.
+    ``shards`` maps "Q", "K", "V" to the :class:`~parlab.tensor_parallel.ShardSpec` of each GPU
+    (:func:`parlab.experiments.qkv_shards`: :func:`parlab.tensor_parallel.shard_spec`, as
+    :class:`~parlab.tensor_parallel.attention.BookAttention` cuts); dashed lines mark the
+    ``n_heads`` heads, so one sees whether a cut falls between heads.
     """
-    from parlab.tensor_parallel import shard_spec
-    names = [f"A{r + 1}" for r in range(ranks)]
+    d_model, ranks = shards["Q"][0].shape[0], len(shards["Q"])
     fig, axes = plt.subplots(1, 4, figsize=(12, 3.4), gridspec_kw={"width_ratios": [1, 1, 1, 1]})
     axes[0].axis("off")
     axes[0].text(0.5, 0.62, "E  (tokens x d_model)\nbroadcast from A1", ha="center",
@@ -39,8 +40,8 @@ def qkv_sharding_figure(d_model: int = 8, n_heads: int = 2, ranks: int = 2):
                  ha="center", va="center", fontsize=9, color="#444444")
     d_head = d_model // n_heads
     for ax, letter in zip(axes[1:], ("Q", "K", "V")):
-        specs = shard_spec(f"W_{letter}", (d_model, d_model), "rows", ranks, owners=names)
-        for spec in specs:  # nn.Linear rows = the matrix's output columns in the book's layout
+        # nn.Linear rows = the matrix's output columns in the book's layout
+        for spec in shards[letter]:
             ax.add_patch(Rectangle((spec.start, 0), spec.stop - spec.start, d_model,
                                    facecolor=GPU_COLORS[spec.owner], alpha=0.45,
                                    edgecolor=GPU_COLORS[spec.owner], lw=2))

@@ -2,9 +2,9 @@
 real objects.
 
 Figure 8-15 is the decoder stack, labelled with the parameter counts that
-:func:`parlab.models.count_parameters` derives from a configuration (GPT-3 175B by
-default). Figure 8-16 is the first step of self-attention on one GPU: a few tokens' embedding
-vectors times W_Q, W_K and W_V, drawn from the numbers :func:`parlab.experiments.qkv_example`
+:func:`parlab.models.count_parameters` derives from a configuration (the caller counts and
+passes them). Figure 8-16 is the first step of self-attention on one GPU: a few tokens'
+embedding vectors times W_Q, W_K and W_V, drawn from the numbers :func:`parlab.experiments.qkv_example`
 computes with a real model (its Q, K, V are what that model's projection layers return).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from parlab.models import GPT3_175B, TransformerConfig, count_parameters
+from parlab.models import TransformerConfig
 
 __all__ = ["transformer_figure", "local_qkv_figure"]
 
@@ -24,13 +24,13 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def transformer_figure(config: TransformerConfig = GPT3_175B):
-    """The decoder stack of ``config``: embeddings, one block opened up, the LM head.
+def transformer_figure(config: TransformerConfig, counts: dict):
+    """The decoder stack of ``config``: embeddings, one block opened up, the LM head, labelled
+    with ``counts``, what :func:`parlab.models.count_parameters` returns for ``config``.
 
     The boxes are stacked bottom up with room for every label: a label too long for one
     line is broken in two, and the notes on the right sit outside the dashed block.
     """
-    counts = count_parameters(config)
     c = config
     head = ("shares the token embedding's weights" if c.tied_embeddings
             else f"{_count(counts['lm_head'])} weights")

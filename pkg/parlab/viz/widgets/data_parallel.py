@@ -13,12 +13,13 @@ __all__ = ["draw_scaling", "scaling_explorer"]
 
 def draw_scaling(model: str, gpus: int, gbps: int, algorithm: str, dtype: str):
     """The scaling figure for a model of :data:`parlab.models.CONFIGS` on ``gpus`` replicas."""
+    from parlab.data_parallel import sync_scaling
     from parlab.models import count_parameters
     from parlab.viz.plots.data_parallel import scaling_figure
 
     params = count_parameters(model)["total"]
-    return scaling_figure(params, gpus, gbps, algorithm, {"fp32": 4, "bf16": 2}[dtype],
-                          label=f"{model} ({params / 1e9:.3g} B parameters)")
+    scaling = sync_scaling(params, gpus, gbps, algorithm, {"fp32": 4, "bf16": 2}[dtype])
+    return scaling_figure(scaling, label=f"{model} ({params / 1e9:.3g} B parameters)")
 
 
 def scaling_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gbps: int = 400,
@@ -27,7 +28,7 @@ def scaling_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gbps: int = 40
     import ipywidgets as w
 
     from parlab.models import CONFIGS
-    from parlab.viz.plots.data_parallel import SCALES
+    from parlab.data_parallel import SCALES
     from parlab.comm import ALGORITHMS
     from parlab.hardware import NIC_SPEEDS_GBPS
 

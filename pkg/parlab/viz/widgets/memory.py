@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parlab.memory import expected_waste, failure_cost, training_cost, young_interval
+from parlab.memory import expected_waste, failure_cost, training_cost, waste_curve, young_interval
 from parlab.memory import OPTIMIZERS, PRECISIONS, estimate, min_gpus
 from parlab.models import CONFIGS, HF_CONFIGS, get_config
 from parlab.viz.explorer import Explorer, explore
@@ -68,7 +68,7 @@ def draw_energy(gpus: int, watts: float, days: float, usd_per_kwh: float, mtbf_h
     print(f"one failure at the very end, no checkpoint: ${failure_cost(run, run.hours):,.0f} lost")
     print(f"checkpoint every {best:.2f} h (Young): about {waste.failures:,.0f} failures, "
           f"${waste.wasted_usd:,.0f} wasted ({100 * waste.overhead:.1f} % of the run)")
-    return checkpoint_curve(run, mtbf_hours, checkpoint_minutes)
+    return checkpoint_curve(waste_curve(run, mtbf_hours, checkpoint_minutes))
 
 
 def energy_explorer(gpus: int = 50_000, watts: float = 350, days: float = 60,

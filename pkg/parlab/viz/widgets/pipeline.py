@@ -62,7 +62,7 @@ def compare_explorer(stages: int = 4, microbatches: int = 8, chunks: int = 2) ->
     """Sliders for p, m, v over the comparison table and curves of naive/GPipe/1F1B/interleaved."""
     import ipywidgets as w
 
-    from parlab.pipeline import compare, comparison_table
+    from parlab.pipeline import compare, comparison_table, tradeoffs
     from parlab.viz.plots.pipeline import comparison_figure
 
     controls = {
@@ -76,7 +76,7 @@ def compare_explorer(stages: int = 4, microbatches: int = 8, chunks: int = 2) ->
 
     def draw(stages, microbatches, chunks):
         print(comparison_table(compare(stages, microbatches, chunks)))
-        return comparison_figure(stages, microbatches, chunks)
+        return comparison_figure(tradeoffs(stages, microbatches, chunks))
 
     return explore(draw, controls, "sliders for stages p, micro-batches m and chunks v: steps, "
                    "bubble fraction, peak activation memory and transfers per schedule")
