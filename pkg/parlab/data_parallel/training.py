@@ -24,6 +24,7 @@ from parlab.comm import chrome_trace
 from parlab.data_parallel.sync import SyncStats, split_batch, step
 from parlab.launch import recording, span
 from parlab.models import BookMLP
+from parlab.checks import check_count
 
 __all__ = ["TrainSpec", "RankRun", "make_model", "make_batch", "make_optimizer", "train",
            "train_rank", "reference", "LostTransfer", "latest_checkpoint", "read_journal",
@@ -243,8 +244,7 @@ def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: st
 
     _check_engine(engine, options.get("fail_at"), options.get("lose_at"))
     first = start["step"] if start else 0
-    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise ValueError(f"segments must be a positive integer, got {segments!r}")
+    check_count("segments", segments)
     stops = sorted({first + round((spec.steps - first) * (s + 1) / segments)
                     for s in range(segments)})
     runs, done = None, first

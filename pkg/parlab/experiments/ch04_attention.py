@@ -26,10 +26,11 @@ from parlab.comm import TrafficLog
 from parlab.comm.toy import transfers
 from parlab.launch import run
 from parlab.tensor_parallel import (
-    BookAttention, check_degree, check_ffn_run, check_grad_sync, check_heads, check_positive,
+    BookAttention, check_degree, check_ffn_run, check_grad_sync, check_heads,
     CommBytes, dtensor_attention, dtensor_local_grads, FIGURE_8_19_SIZES, ffn_rank, layout,
     merge, merge_grads, MegatronAttention, reference_ffn, SelfAttention
 )
+from parlab.checks import check_count
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
            "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
@@ -214,8 +215,8 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
     check_heads(d_model, n_heads)  # every check here runs before any rank starts
-    check_positive("batch", batch)
-    check_positive("seq", seq)
+    check_count("batch", batch)
+    check_count("seq", seq)
     check_grad_sync(grad_sync)
     if variant == "book":  # the same messages as the layers' own checks on the ranks
         check_degree(world_size, d_model, "features of the hidden size (d_model)", "world_size")

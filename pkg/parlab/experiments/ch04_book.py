@@ -33,7 +33,8 @@ from parlab.comm import ring_wire_bytes
 from parlab.memory import activations_per_layer, model_state_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
 from parlab.pipeline import schedule, simulate
-from parlab.tensor_parallel import attend, check_positive, FIGURE_8_19_SIZES, SelfAttention
+from parlab.tensor_parallel import attend, FIGURE_8_19_SIZES, SelfAttention
+from parlab.checks import check_count
 
 __all__ = ["BOOK_SAYS", "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table", "gradient_shard_bytes",
            "ffn_backward_sums",
@@ -151,8 +152,8 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float =
     on a GPU; the bubble is GPipe's at ``microbatches`` micro-batches (from the simulator).
     """
     c = get_config(config)
-    check_positive("tp", tp)
-    check_positive("microbatches", microbatches)
+    check_count("tp", tp)
+    check_count("microbatches", microbatches)
     counts = count_parameters(c)
 
     def states(parameters):
@@ -205,8 +206,8 @@ def column_split_input(d_model: int = 8, tokens: int = 4, parts: int = 2, seed: 
     as in Figures 8-17 and 8-18. With the whole X the slice is exact; with X "distributed"
     (rank 0 holding only its share of X's features) it is a partial sum, and wrong.
     """
-    check_positive("d_model", d_model)
-    check_positive("tokens", tokens)
+    check_count("d_model", d_model)
+    check_count("tokens", tokens)
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 2 or d_model % parts:
         raise ValueError(f"parts must be an int >= 2 that divides d_model={d_model}, got {parts!r}")
     g = torch.Generator().manual_seed(seed)
@@ -259,8 +260,8 @@ def embedding_wire_bytes(vectors_bytes: int, n: int) -> dict:
     The book's layout: a broadcast forward and a reduce of the vectors' gradients backward;
     the vocabulary split: one all-reduce forward, nothing backward (ring algorithms).
     """
-    check_positive("vectors_bytes", vectors_bytes)
-    check_positive("n", n)
+    check_count("vectors_bytes", vectors_bytes)
+    check_count("n", n)
     broadcast = ring_wire_bytes("broadcast", vectors_bytes, n)
     reduce = ring_wire_bytes("reduce", vectors_bytes, n)
     return {"broadcast": {"forward": broadcast, "backward": reduce, "total": broadcast + reduce},

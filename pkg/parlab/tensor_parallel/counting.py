@@ -18,7 +18,7 @@ from parlab.comm import ring_wire_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
 from parlab.tensor_parallel.attention import check_grad_sync
 from parlab.tensor_parallel.ffn import layout
-from parlab.tensor_parallel.sharding import check_positive
+from parlab.checks import check_count
 
 __all__ = ["parameter_memory", "embedding_table", "SLIDE_FORMULAS",
            "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total"]
@@ -54,7 +54,7 @@ def _bytes(precision: str) -> int:
 
 def _positives(**values) -> None:
     for name, value in values.items():
-        check_positive(name, value)
+        check_count(name, value)
 
 
 def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str = "fp16",
@@ -67,9 +67,9 @@ def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str 
     """
     c = get_config(config)
     size = _bytes(precision)
-    check_positive("batch", batch)
+    check_count("batch", batch)
     if seq is not None:  # None: the model's context
-        check_positive("seq", seq)
+        check_count("seq", seq)
     seq = seq or c.context
     counts = count_parameters(c)
     return {"vocab": c.vocab, "d_model": c.d_model, "parameters": c.vocab * c.d_model,
