@@ -31,7 +31,9 @@ import torch
 
 from parlab.comm import ring_wire_bytes
 from parlab.memory import activations_per_layer, model_state_bytes
-from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
+from parlab.models import (
+    count_parameters, forward_flops, get_config, GPT3_175B, TransformerConfig
+)
 from parlab.pipeline import schedule, simulate
 from parlab.tensor_parallel import attend, FIGURE_8_19_SIZES, SelfAttention
 from parlab.checks import check_count
@@ -147,7 +149,8 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float =
     Model states (parameters, gradients, fp32 master weights, optimizer state) come from
     :func:`parlab.memory.model_state_bytes`; one sequence's activations for one block from
     :func:`parlab.memory.activations_per_layer`; a block's forward matmul FLOPs for one
-    sequence are 2 x its parameters x the tokens (the attention scores add a little more).
+    sequence are :func:`parlab.models.forward_flops` (2 x its parameters x the tokens; the
+    attention scores add a little more).
     "Stages" is how many pipeline stages the blocks need when model states alone must fit
     on a GPU; the bubble is GPipe's at ``microbatches`` micro-batches (from the simulator).
     """
@@ -172,7 +175,7 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float =
         out[f"tp{degree}"] = {
             "block_activation_bytes": activations_per_layer(c, 1, c.context, precision,
                                                             degree)["block 1"],
-            "block_forward_flops": 2 * counts["block"] * c.context // degree,
+            "block_forward_flops": forward_flops(counts["block"], c.context) // degree,
             "blocks_per_gpu": blocks, "stages": stages,
             "bubble": simulate(schedule("gpipe", stages, microbatches)).bubble_fraction
             if stages else None}

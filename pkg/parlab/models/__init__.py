@@ -26,9 +26,9 @@ from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
 from parlab.models.compute import (
-    block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS,
-    matmul_efficiency, matmul_rates, MFU, compute_seconds, flops_seconds,
-    training_flops
+    block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN,
+    FORWARD_FLOPS_PER_PARAMETER_TOKEN, forward_flops, H100_BF16_TFLOPS, matmul_efficiency,
+    matmul_rates, MFU, compute_seconds, flops_seconds, training_flops
 )
 
 __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
@@ -37,5 +37,6 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "BookMLP", "ACTIVATIONS", "BOOK_NAMES", "book_table", "bytes_by_scaling", "held_bytes",
            "tensor_bytes", "SmallCNN", "LayerProfile", "profile", "share_by_kind",
            "communication_per_layer", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
+           "FORWARD_FLOPS_PER_PARAMETER_TOKEN", "forward_flops",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
            "block_matmul_efficiency", "matmul_rates"]

@@ -33,19 +33,27 @@ from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
 from parlab.models.llama import LlamaConfig
 from parlab.checks import check_count, check_positive_number
 
-__all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN",
-           "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
+__all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN", "FORWARD_FLOPS_PER_PARAMETER_TOKEN",
+           "training_flops", "forward_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
            "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
 
 #: The share of peak a GPU sustains in a training step's matrix multiplications.
 MFU = 0.4
-#: Forward (2) plus backward (4) FLOPs per parameter per token.
-FLOPS_PER_PARAMETER_TOKEN = 6
+#: Forward FLOPs per parameter per token: a multiply and an add per weight.
+FORWARD_FLOPS_PER_PARAMETER_TOKEN = 2
+#: Forward (2) plus backward (4: the gradients of the input and of the weights) FLOPs per
+#: parameter per token: the one training-FLOP formula every calculator builds on.
+FLOPS_PER_PARAMETER_TOKEN = 3 * FORWARD_FLOPS_PER_PARAMETER_TOKEN
 
 
 def training_flops(params: float, tokens: float) -> float:
     """FLOPs of one forward and backward pass over ``tokens`` tokens: 6 x params x tokens."""
     return FLOPS_PER_PARAMETER_TOKEN * params * tokens
+
+
+def forward_flops(params: float, tokens: float) -> float:
+    """FLOPs of the forward pass alone (what recomputation repeats): 2 x params x tokens."""
+    return FORWARD_FLOPS_PER_PARAMETER_TOKEN * params * tokens
 
 
 def compute_seconds(params: float, tokens: float, tflops: float = H100_BF16_TFLOPS,
