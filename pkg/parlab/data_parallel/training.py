@@ -28,7 +28,7 @@ from parlab.checks import check_count
 
 __all__ = ["TrainSpec", "RankRun", "make_model", "make_batch", "make_optimizer", "train",
            "train_rank", "reference", "LostTransfer", "latest_checkpoint", "read_journal",
-           "max_difference", "training_trace"]
+           "training_trace"]
 
 
 @dataclass(frozen=True)
@@ -301,8 +301,3 @@ def read_journal(directory: str, rank: int) -> list[str]:
     return open(path).read().splitlines() if os.path.exists(path) else []
 
 
-def max_difference(a: dict, b: dict) -> float:
-    """Largest absolute difference between two state dicts with the same keys."""
-    if a.keys() != b.keys():
-        raise ValueError(f"state dicts differ in names: {sorted(a)} vs {sorted(b)}")
-    return max(float((a[k] - b[k]).abs().max()) for k in a)

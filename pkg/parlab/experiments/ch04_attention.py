@@ -31,10 +31,10 @@ from parlab.tensor_parallel import (
     merge, merge_grads, MegatronAttention, reference_ffn, SelfAttention
 )
 from parlab.checks import check_count
+from parlab.models import max_difference
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
-           "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
-           "max_difference"]
+           "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split"]
 
 #: The three ways chapter 04 splits self-attention across ranks.
 ATTENTION_VARIANTS = {
@@ -82,13 +82,6 @@ def phase_split(results: list[dict]) -> dict | None:
 
 
 # --------------------------------------------------------------------------- comparison
-
-def max_difference(a: dict, b: dict) -> float:
-    """The largest absolute difference between equally named tensors of two dicts."""
-    if set(a) != set(b):
-        raise ValueError(f"different names: {sorted(set(a) ^ set(b))}")
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
 
 @dataclass
 class Comparison:
