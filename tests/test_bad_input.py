@@ -48,7 +48,8 @@ def test_bubble_fraction_unchanged_for_valid_input():
     ({"microbatches": ()}, ValueError, r"microbatches must hold one or more positive integers"),
     ({"microbatches": (4, 0)}, ValueError, r"microbatches must hold .*got \(4, 0\)"),
     ({"gpus_per_server": 0}, ValueError, "gpus_per_server must be a positive integer, got 0"),
-    ({"nic_gbps": 0}, ValueError, r"nic_gbps must be a positive number \(a NIC's speed in Gb/s\), got 0"),
+    ({"nic_gbps": 0}, ValueError,
+     r"nic_gbps must be a positive number \(a NIC's speed in Gb/s\), got 0"),
     ({"precision": "fp8"}, ValueError, r"unknown precision 'fp8'; choose one of \['fp32'"),
     ({"optimizer": "lion"}, ValueError, "unknown optimizer 'lion'; choose one of"),
 ])

@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import torch
 
+from parlab.hardware import GPU_MEMORY_GB
+from parlab.units import GB
 from parlab.comm import ring_wire_bytes
 from parlab.memory import activations_per_layer, model_state_bytes
 from parlab.models import (
@@ -141,7 +143,8 @@ def ffn_backward_sums(comparison) -> list[dict]:
 
 # --------------------------------------------------------------------------- one layer's size
 
-def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float = 80e9,
+def layer_memory(config: TransformerConfig | str = GPT3_175B,
+                 gpu_bytes: float = float(GPU_MEMORY_GB * GB),
                  optimizer: str = "adam", precision: str = "bf16", tp: int = 8,
                  microbatches: int = 8) -> dict:
     """What one GPT-3 layer needs on one GPU, and what a tensor-parallel degree ``tp`` buys.

@@ -92,8 +92,8 @@ def failure_cost(run: RunCost, at_hours: float, interval_hours: float | None = N
     """
     if not 0 <= at_hours <= run.hours:
         raise ValueError(f"at_hours must be within the run (0 to {run.hours:g} h), got {at_hours!r}")
-    lost = at_hours if interval_hours is None else at_hours % check_positive_number("interval_hours",
-                                                                        interval_hours)
+    lost = at_hours if interval_hours is None \
+        else at_hours % check_positive_number("interval_hours", interval_hours)
     return (lost + restart_hours) * run.usd_per_hour
 
 
@@ -125,8 +125,8 @@ def expected_waste(run: RunCost, mtbf_hours: float, interval_hours: float | None
     r = restart_minutes / 60
     if c < 0 or r < 0:
         raise ValueError("checkpoint_minutes and restart_minutes cannot be negative")
-    k = run.hours if interval_hours is None else min(check_positive_number("interval_hours",
-                                                               interval_hours), run.hours)
+    k = run.hours if interval_hours is None \
+        else min(check_positive_number("interval_hours", interval_hours), run.hours)
     segments = run.hours / k
     try:
         expected = segments * mtbf * math.exp(r / mtbf) * math.expm1((k + c) / mtbf)

@@ -34,8 +34,8 @@ from parlab.models.llama import LlamaConfig
 from parlab.checks import check_count, check_positive_number
 
 __all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN", "FORWARD_FLOPS_PER_PARAMETER_TOKEN",
-           "training_flops", "forward_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
-           "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
+           "training_flops", "forward_flops", "compute_seconds", "flops_seconds",
+           "matmul_efficiency", "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
 
 #: The share of peak a GPU sustains in a training step's matrix multiplications.
 MFU = 0.4

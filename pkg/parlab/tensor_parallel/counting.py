@@ -14,6 +14,8 @@ collective's wire bytes from :func:`parlab.comm.ring_wire_bytes` (the table is i
 
 from __future__ import annotations
 
+from parlab.hardware import GPU_MEMORY_GB
+from parlab.units import GB
 from parlab.comm import ring_wire_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
 from parlab.tensor_parallel.attention import check_grad_sync
@@ -41,7 +43,7 @@ def parameter_memory(config: TransformerConfig | str = GPT3_175B, degrees=(1, 2,
     for tp in degrees:
         b = estimate(config, (1, config.context), optimizer="sgd", precision=precision, tp=tp)
         rows.append({"tp": tp, "parameters": b.parameters // _bytes(precision),
-                     "bytes": b.parameters, "fits_80GB": b.parameters <= 80e9})
+                     "bytes": b.parameters, "fits_80GB": b.parameters <= GPU_MEMORY_GB * GB})
     return rows
 
 
