@@ -125,5 +125,5 @@ def test_payload_is_the_whole_tensor_for_gathers_and_scatters():
 
 
 def test_bad_noise_level_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"noise_level must be 0, 1, 2 or 3, got 7"):
+    with pytest.raises(ValueError, match=r"noise_level must be one of \[0, 1, 2, 3\], got 7"):
         CommBytes().table(7)

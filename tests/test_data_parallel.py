@@ -7,6 +7,7 @@ from parlab.launch import RankError, run
 from parlab.data_parallel import bucketing_table, gradient_bytes, layer_traffic, measure_traffic
 from parlab.experiments import FIGURE_8_2, run_figure_8_2
 from parlab.comm import allreduce_bytes_per_rank
+from parlab.models import max_difference
 
 BACKENDS = ["gloo", "toy"]
 SPEC = dp.TrainSpec(steps=4, momentum=0.9, lr=0.05)
@@ -384,4 +385,4 @@ def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path):
 
 def test_a_silently_lost_transfer_lets_replicas_drift_apart():
     runs = dp.train(SPEC, 2, lose_at=(1, 2))
-    assert dp.max_difference(runs[0].state, runs[1].state) > 1e-4
+    assert max_difference(runs[0].state, runs[1].state) > 1e-4

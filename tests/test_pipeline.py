@@ -116,13 +116,13 @@ def test_hand_written_schedules_are_checked_with_reasons():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: schedule("gpipe", 4, 0), "microbatches must be a whole number >= 1"),
+    (lambda: schedule("gpipe", 4, 0), "microbatches must be a positive integer"),
     (lambda: schedule("gpipe", 8, 4, layers=4), "stages=8 is more than the model's 4 layers"),
     (lambda: schedule("interleaved", 2, 4, 3, layers=4), "chunks=3 does not divide the layers"),
     (lambda: schedule("zero-bubble", 4, 4), "unknown schedule 'zero-bubble'"),
     (lambda: schedule("gpipe", 4, 4, chunks=2), "only applies to 'interleaved'"),
     (lambda: schedule("interleaved", 4, 9, 2), "not a multiple of 2"),
-    (lambda: schedule("1f1b", 0, 4), "stages must be a whole number"),
+    (lambda: schedule("1f1b", 0, 4), "stages must be a positive integer"),
     (lambda: execute(schedule("gpipe", 8, 4)), "more than the network's 4 layers"),
     (lambda: execute(schedule("interleaved", 1, 2, 3)), "do not split evenly"),
     (lambda: execute(schedule("gpipe", 4, 3)), "does not split into 3 equal micro-batches"),

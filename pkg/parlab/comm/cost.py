@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 
 from parlab.comm.topology import LinkSpec, nic
+from parlab.checks import check_count
 
 __all__ = ["ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank", "allreduce_steps",
            "allreduce_time", "bus_bandwidth"]
@@ -50,8 +51,7 @@ def ring_wire_bytes(op: str, payload: float, n: int) -> float:
 
 
 def _check_ranks(n):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (the number of ranks) must be a positive int, got {n!r}")
+    check_count("n", n, "the number of ranks")
 
 
 def _check(n, algorithm):

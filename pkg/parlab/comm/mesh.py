@@ -32,6 +32,8 @@ from typing import Callable, NamedTuple
 
 import torch.distributed as dist
 
+from parlab.checks import check_count
+
 __all__ = ["Mesh", "Coordinates", "GROUP_KINDS", "MESH_DIMS"]
 
 #: The mesh dimensions, outermost first, and the kind of group each one's sub-meshes hold.
@@ -49,11 +51,6 @@ class Coordinates(NamedTuple):
     tensor: int
 
 
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 @dataclass(frozen=True)
 class Mesh:
     """A dp x pp x cp x tp grid of ranks, tensor index fastest (see the module docstring)."""
@@ -65,7 +62,7 @@ class Mesh:
 
     def __post_init__(self):
         for name in MESH_DIMS:
-            _positive(name, getattr(self, name))
+            check_count(name, getattr(self, name))
 
     @property
     def size(self) -> int:

@@ -32,6 +32,7 @@ import string
 from dataclasses import dataclass, field, replace
 
 from parlab.hardware import NIC_GBPS, NIC_SPEEDS_GBPS, NVLINK_GB_PER_S
+from parlab.checks import check_count
 
 __all__ = ["LinkSpec", "NVLINK", "nic", "Topology", "rail_optimized", "figure_8_19",
            "gpu_name", "rank_of", "link_type", "LINK_TYPES"]
@@ -168,8 +169,7 @@ def rail_optimized(servers: int, gpus_per_server: int = 8, nic_gbps: float = 400
                    nvlink: LinkSpec = NVLINK) -> Topology:
     """A rail-optimized cluster: NVLink inside servers, one NIC per GPU to its rail switch."""
     _check_layout(gpus_per_server)
-    if not isinstance(servers, int) or servers < 1:
-        raise ValueError(f"servers must be a positive int, got {servers!r}")
+    check_count("servers", servers, "servers in the cluster")
     links = {"nvlink": nvlink, "rail": nic(nic_gbps, "rail"), "spine": nic(nic_gbps, "spine")}
     return Topology(servers, gpus_per_server, links)
 

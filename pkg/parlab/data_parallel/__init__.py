@@ -11,7 +11,7 @@ from parlab.data_parallel.sync import (
     GradientExchange, make_buckets, split_batch, step, SyncStats
 )
 from parlab.data_parallel.training import (
-    latest_checkpoint, LostTransfer, make_batch, make_model, make_optimizer, max_difference,
+    latest_checkpoint, LostTransfer, make_batch, make_model, make_optimizer,
     RankRun, read_journal, reference, train, train_rank, training_trace, TrainSpec
 )
 from parlab.data_parallel.scaling import (
@@ -24,7 +24,7 @@ __all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTE
            "DDP_BUCKET_CAP_BYTES", "all_reduce_buckets", "SyncStats", "step",
            "GradientExchange", "TrainSpec", "RankRun", "make_model", "make_batch",
            "make_optimizer", "train", "train_rank", "reference", "LostTransfer",
-           "latest_checkpoint", "read_journal", "max_difference", "training_trace",
+           "latest_checkpoint", "read_journal", "training_trace",
            "replica_names", "gradient_bytes",
            "measure_traffic", "traffic_table", "layer_traffic", "sync_cost", "bucketing_table",
            "TOKENS_PER_GPU", "SCALES", "SyncScaling", "sync_scaling"]

@@ -19,8 +19,9 @@ from parlab.comm import (
 from parlab.data_parallel.sync import bucket_bytes, make_buckets
 from parlab.models import compute_seconds
 from parlab.data_parallel.training import (
-    TrainSpec, make_model, max_difference, reference, train_rank
+    TrainSpec, make_model, reference, train_rank
 )
+from parlab.models import max_difference
 
 __all__ = ["replica_names", "gradient_bytes", "measure_traffic", "traffic_table",
            "layer_traffic", "sync_cost", "bucketing_table", "TOKENS_PER_GPU", "SCALES",

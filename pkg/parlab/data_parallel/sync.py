@@ -34,6 +34,7 @@ from torch import nn
 
 from parlab.launch import span
 from parlab.models import BookMLP
+from parlab.checks import check_count
 
 __all__ = ["split_batch", "make_buckets", "bucket_bytes", "DDP_FIRST_BUCKET_BYTES",
            "DDP_BUCKET_CAP_BYTES", "all_reduce_buckets", "SyncStats", "step",
@@ -54,8 +55,7 @@ def split_batch(samples: int, micro_batches: int, world_size: int,
     """
     for name, value in (("samples", samples), ("micro_batches", micro_batches),
                         ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_count(name, value)
     if micro_batches > samples:
         raise ValueError(f"micro_batches={micro_batches} is more than the {samples} samples; "
                          f"use at most {samples} micro-batches")
@@ -118,9 +118,8 @@ def make_buckets(tensors, cap_bytes: int | None = None,
     means no bucketing: one all-reduce per tensor.
     """
     for name, value in (("bucket_cap_bytes", cap_bytes), ("first_cap_bytes", first_cap_bytes)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if value is not None:
+            check_count(name, value, "bytes per bucket, or None")
     if cap_bytes is None and first_cap_bytes is not None:
         raise ValueError(f"first_cap_bytes={first_cap_bytes} needs a bucket_cap_bytes for the "
                          f"buckets after the first; got bucket_cap_bytes=None")

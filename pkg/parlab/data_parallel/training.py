@@ -24,10 +24,11 @@ from parlab.comm import chrome_trace
 from parlab.data_parallel.sync import SyncStats, split_batch, step
 from parlab.launch import recording, span
 from parlab.models import BookMLP
+from parlab.checks import check_count
 
 __all__ = ["TrainSpec", "RankRun", "make_model", "make_batch", "make_optimizer", "train",
            "train_rank", "reference", "LostTransfer", "latest_checkpoint", "read_journal",
-           "max_difference", "training_trace"]
+           "training_trace"]
 
 
 @dataclass(frozen=True)
@@ -243,8 +244,7 @@ def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: st
 
     _check_engine(engine, options.get("fail_at"), options.get("lose_at"))
     first = start["step"] if start else 0
-    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise ValueError(f"segments must be a positive integer, got {segments!r}")
+    check_count("segments", segments)
     stops = sorted({first + round((spec.steps - first) * (s + 1) / segments)
                     for s in range(segments)})
     runs, done = None, first
@@ -301,8 +301,3 @@ def read_journal(directory: str, rank: int) -> list[str]:
     return open(path).read().splitlines() if os.path.exists(path) else []
 
 
-def max_difference(a: dict, b: dict) -> float:
-    """Largest absolute difference between two state dicts with the same keys."""
-    if a.keys() != b.keys():
-        raise ValueError(f"state dicts differ in names: {sorted(a)} vs {sorted(b)}")
-    return max(float((a[k] - b[k]).abs().max()) for k in a)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.exercises.registry import close, exercise, right, wrong
 
 
@@ -46,32 +47,34 @@ def _a1_with_peer(answer):
 
 @exercise("01.2", "GPT-3 175B is trained in bf16 mixed precision with Adam (bf16 weights and "
                   "gradients, fp32 master weights and Adam state). Ignoring activations, how "
-                  "many 80 GB GPUs (1 GB = 10**9 bytes) are needed at least just to hold it?")
+                  f"many {GPU_MEMORY_GB} GB GPUs (1 GB = 10**9 bytes) are needed at least just "
+                  "to hold it?")
 def _gpt3_gpus(answer):
     from parlab.units import GB
     from parlab.models import GPT3_175B, count_parameters
     n = count_parameters(GPT3_175B)["total"]
     per_param = 2 + 2 + 4 + 8
-    expected = math.ceil(n * per_param / (80 * GB))
+    expected = math.ceil(n * per_param / (GPU_MEMORY_GB * GB))
     value = float(answer)
     if value == expected:
         return right("16 bytes per parameter (2 + 2 + 4 + 4 + 4) for about 175 billion "
                      "parameters, spread perfectly evenly; real splits need more.")
     if value != int(value) or value < 1:
         return wrong("A number of GPUs is a whole number: round up.")
-    if value == math.ceil(n * per_param / (80 * 2**30)):
+    if value == math.ceil(n * per_param / (GPU_MEMORY_GB * 2**30)):
         return wrong("You used GiB (2**30 bytes); this exercise counts GB as 10**9 bytes.")
-    if value == math.ceil(n * 2 / (80 * GB)):
+    if value == math.ceil(n * 2 / (GPU_MEMORY_GB * GB)):
         return wrong("That holds the bf16 weights only. Training also keeps gradients, the "
                      "fp32 master copy and Adam's two moments.")
-    if value in (math.ceil(n * 12 / (80 * GB)), math.ceil(n * 14 / (80 * GB))):
+    if value in (math.ceil(n * 12 / (GPU_MEMORY_GB * GB)),
+                 math.ceil(n * 14 / (GPU_MEMORY_GB * GB))):
         return wrong("Close: list every copy the GPU keeps per parameter, in bf16 and in "
                      "fp32, and add their bytes.")
-    if value == math.floor(n * per_param / (80 * GB)):
+    if value == math.floor(n * per_param / (GPU_MEMORY_GB * GB)):
         return wrong("Round up: a fraction of a GPU still takes a whole GPU.")
     return wrong("Count the bytes per parameter for each copy (weights, gradients, master "
                  "weights, two Adam moments), multiply by the parameter count of GPT-3 175B, "
-                 "and divide by 80 GB.")
+                 f"and divide by {GPU_MEMORY_GB} GB.")
 
 
 @exercise("01.3", "The book's run (50,000 GPUs at 350 W, $0.10 per kWh) loses one packet, and "

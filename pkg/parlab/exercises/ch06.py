@@ -8,6 +8,8 @@ or from a real run on the toy backend; a wrong answer gets a hint, never the num
 from __future__ import annotations
 
 
+from parlab.hardware import GPU_MEMORY_GB
+from parlab.units import GB
 from parlab.exercises.registry import close, exercise, right, wrong
 from parlab.memory import model_state_bytes
 from parlab.sharded import zero_bytes_per_rank
@@ -56,10 +58,11 @@ def _stage_3_traffic(answer):
 
 
 @exercise("06.3", "A 70-billion-parameter model trains with bf16 mixed precision and Adam, "
-                  "ZeRO stage 3, on 80 GB GPUs. Counting model states only, what is the fewest "
+                  f"ZeRO stage 3, on {GPU_MEMORY_GB} GB GPUs. Counting model states only, "
+                  "what is the fewest "
                   "data-parallel GPUs on which it fits?")
 def _fewest_gpus(answer):
-    psi, capacity = 70_000_000_000, 80e9
+    psi, capacity = 70_000_000_000, GPU_MEMORY_GB * GB
     fits = lambda n: model_state_bytes(psi, "adam", "bf16", n, 3).total <= capacity  # noqa: E731
     expected = next(n for n in range(1, 10_000) if fits(n))
     try:
@@ -72,10 +75,12 @@ def _fewest_gpus(answer):
         return right("Stage 3 divides every byte of the 16 per parameter, so the GPUs needed "
                      "fall exactly as 1/N. Activations and buffers would need more in practice.")
     if value < expected:
-        return wrong("On that many GPUs each one still holds more than 80 GB.")
+        return wrong(f"On that many GPUs each one still holds more than {GPU_MEMORY_GB} "
+                     "GB.")
     if fits(value - 1):
         return wrong("It fits on fewer GPUs than that. Which is the first count that fits?")
-    return wrong("Count the bytes per parameter first, then divide the whole by 80 GB.")
+    return wrong(f"Count the bytes per parameter first, then divide the whole by "
+                 f"{GPU_MEMORY_GB} GB.")
 
 
 @exercise("06.5", "Write all_reduce_in_halves(t): sum the 1-D tensor t in place over all ranks "

@@ -26,14 +26,15 @@ from parlab.comm import TrafficLog
 from parlab.comm.toy import transfers
 from parlab.launch import run
 from parlab.tensor_parallel import (
-    BookAttention, check_degree, check_ffn_run, check_grad_sync, check_heads, check_positive,
+    BookAttention, check_degree, check_ffn_run, check_grad_sync, check_heads,
     CommBytes, dtensor_attention, dtensor_local_grads, FIGURE_8_19_SIZES, ffn_rank, layout,
     merge, merge_grads, MegatronAttention, reference_ffn, SelfAttention
 )
+from parlab.checks import check_count
+from parlab.models import max_difference
 
 __all__ = ["ATTENTION_VARIANTS", "Comparison", "run_attention", "attention_rank",
-           "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split",
-           "max_difference"]
+           "reference_attention", "run_ffn", "ffn_experiment_rank", "phase_split"]
 
 #: The three ways chapter 04 splits self-attention across ranks.
 ATTENTION_VARIANTS = {
@@ -81,13 +82,6 @@ def phase_split(results: list[dict]) -> dict | None:
 
 
 # --------------------------------------------------------------------------- comparison
-
-def max_difference(a: dict, b: dict) -> float:
-    """The largest absolute difference between equally named tensors of two dicts."""
-    if set(a) != set(b):
-        raise ValueError(f"different names: {sorted(set(a) ^ set(b))}")
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
 
 @dataclass
 class Comparison:
@@ -214,8 +208,8 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
     check_heads(d_model, n_heads)  # every check here runs before any rank starts
-    check_positive("batch", batch)
-    check_positive("seq", seq)
+    check_count("batch", batch)
+    check_count("seq", seq)
     check_grad_sync(grad_sync)
     if variant == "book":  # the same messages as the layers' own checks on the ranks
         check_degree(world_size, d_model, "features of the hidden size (d_model)", "world_size")

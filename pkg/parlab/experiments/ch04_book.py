@@ -29,11 +29,16 @@ from typing import NamedTuple
 
 import torch
 
+from parlab.hardware import GPU_MEMORY_GB
+from parlab.units import GB
 from parlab.comm import ring_wire_bytes
 from parlab.memory import activations_per_layer, model_state_bytes
-from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
+from parlab.models import (
+    count_parameters, forward_flops, get_config, GPT3_175B, TransformerConfig
+)
 from parlab.pipeline import schedule, simulate
-from parlab.tensor_parallel import attend, check_positive, FIGURE_8_19_SIZES, SelfAttention
+from parlab.tensor_parallel import attend, FIGURE_8_19_SIZES, SelfAttention
+from parlab.checks import check_count
 
 __all__ = ["BOOK_SAYS", "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table", "gradient_shard_bytes",
            "ffn_backward_sums",
@@ -138,7 +143,8 @@ def ffn_backward_sums(comparison) -> list[dict]:
 
 # --------------------------------------------------------------------------- one layer's size
 
-def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float = 80e9,
+def layer_memory(config: TransformerConfig | str = GPT3_175B,
+                 gpu_bytes: float = float(GPU_MEMORY_GB * GB),
                  optimizer: str = "adam", precision: str = "bf16", tp: int = 8,
                  microbatches: int = 8) -> dict:
     """What one GPT-3 layer needs on one GPU, and what a tensor-parallel degree ``tp`` buys.
@@ -146,13 +152,14 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float =
     Model states (parameters, gradients, fp32 master weights, optimizer state) come from
     :func:`parlab.memory.model_state_bytes`; one sequence's activations for one block from
     :func:`parlab.memory.activations_per_layer`; a block's forward matmul FLOPs for one
-    sequence are 2 x its parameters x the tokens (the attention scores add a little more).
+    sequence are :func:`parlab.models.forward_flops` (2 x its parameters x the tokens; the
+    attention scores add a little more).
     "Stages" is how many pipeline stages the blocks need when model states alone must fit
     on a GPU; the bubble is GPipe's at ``microbatches`` micro-batches (from the simulator).
     """
     c = get_config(config)
-    check_positive("tp", tp)
-    check_positive("microbatches", microbatches)
+    check_count("tp", tp)
+    check_count("microbatches", microbatches)
     counts = count_parameters(c)
 
     def states(parameters):
@@ -171,7 +178,7 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B, gpu_bytes: float =
         out[f"tp{degree}"] = {
             "block_activation_bytes": activations_per_layer(c, 1, c.context, precision,
                                                             degree)["block 1"],
-            "block_forward_flops": 2 * counts["block"] * c.context // degree,
+            "block_forward_flops": forward_flops(counts["block"], c.context) // degree,
             "blocks_per_gpu": blocks, "stages": stages,
             "bubble": simulate(schedule("gpipe", stages, microbatches)).bubble_fraction
             if stages else None}
@@ -205,8 +212,8 @@ def column_split_input(d_model: int = 8, tokens: int = 4, parts: int = 2, seed: 
     as in Figures 8-17 and 8-18. With the whole X the slice is exact; with X "distributed"
     (rank 0 holding only its share of X's features) it is a partial sum, and wrong.
     """
-    check_positive("d_model", d_model)
-    check_positive("tokens", tokens)
+    check_count("d_model", d_model)
+    check_count("tokens", tokens)
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 2 or d_model % parts:
         raise ValueError(f"parts must be an int >= 2 that divides d_model={d_model}, got {parts!r}")
     g = torch.Generator().manual_seed(seed)
@@ -259,8 +266,8 @@ def embedding_wire_bytes(vectors_bytes: int, n: int) -> dict:
     The book's layout: a broadcast forward and a reduce of the vectors' gradients backward;
     the vocabulary split: one all-reduce forward, nothing backward (ring algorithms).
     """
-    check_positive("vectors_bytes", vectors_bytes)
-    check_positive("n", n)
+    check_count("vectors_bytes", vectors_bytes)
+    check_count("n", n)
     broadcast = ring_wire_bytes("broadcast", vectors_bytes, n)
     reduce = ring_wire_bytes("reduce", vectors_bytes, n)
     return {"broadcast": {"forward": broadcast, "backward": reduce, "total": broadcast + reduce},

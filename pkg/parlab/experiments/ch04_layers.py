@@ -24,9 +24,10 @@ from torch import nn
 from parlab.launch import run
 from parlab.experiments.ch04_attention import Comparison, _Phases, phase_split
 from parlab.tensor_parallel import (
-    all_gather_cat, balanced_ranges, BroadcastEmbedding, check_degree, check_positive,
+    all_gather_cat, balanced_ranges, BroadcastEmbedding, check_degree,
     ColumnParallelLinear, merge_grads, RowParallelLinear, shard_spec, VocabParallelEmbedding
 )
+from parlab.checks import check_count
 
 __all__ = ["run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "embedding_rank",
            "strategy_rank"]
@@ -107,7 +108,7 @@ def run_embedding(kind: str, vocab: int = 10, d_model: int = 4, batch: int = 2, 
         raise ValueError(f"unknown embedding {kind!r}; choose one of {list(EMBEDDINGS)}")
     for name, value in (("vocab", vocab), ("d_model", d_model), ("batch", batch), ("seq", seq),
                         ("world_size", world_size)):
-        check_positive(name, value)
+        check_count(name, value)
     balanced_ranges(vocab, world_size)  # more ranks than token ids is an error before launching
     results = run(embedding_rank, world_size, kind, vocab, d_model, batch, seq, seed,
                   backend=backend)
@@ -159,7 +160,7 @@ def run_layer_strategy(strategy: str, batch: int = 4, c_in: int = 6, c_out: int 
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
     for name, value in (("batch", batch), ("c_in", c_in), ("c_out", c_out)):
-        check_positive(name, value)
+        check_count(name, value)
     n, what = {"data": (batch, "samples of the batch"),
                "partition_output": (c_out, "output features (C_out)"),
                "reduce_output": (c_in, "input features (C_in)")}[strategy]

@@ -22,8 +22,9 @@ from parlab.launch import run
 from parlab.experiments.ch04_layers import _collect, _forward_backward, _generator
 from parlab.models import MLP
 from parlab.tensor_parallel import (
-    check_degree, check_positive, CommBytes, dtensor_local_grads, dtensor_mlp, TensorParallelMLP
+    check_degree, CommBytes, dtensor_local_grads, dtensor_mlp, TensorParallelMLP
 )
+from parlab.checks import check_count
 
 __all__ = ["MLP_VARIANTS", "run_mlp", "mlp_rank"]
 
@@ -79,7 +80,7 @@ def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, worl
     if variant not in MLP_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(MLP_VARIANTS)}")
     for name, value in (("d_model", d_model), ("batch", batch), ("seq", seq)):
-        check_positive(name, value)
+        check_count(name, value)
     check_degree(world_size, d_ff, "hidden neurons of the MLP (d_ff)", "world_size")
     results = run(mlp_rank, world_size, variant, d_model, d_ff, batch, seq, seed, backend=backend)
     mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)

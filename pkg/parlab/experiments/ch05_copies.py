@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab import memory
 from parlab.hybrid import bubble_fraction, plan
 from parlab.models import get_config
@@ -62,7 +63,7 @@ class CopySize:
 
 
 def copy_sizes(model="GPT-3 175B", small_batch: int = 8, global_batch: int = 1536,
-               gpus: int = 1024, gpu_memory_gb: float = 80) -> list[CopySize]:
+               gpus: int = 1024, gpu_memory_gb: float = GPU_MEMORY_GB) -> list[CopySize]:
     """The five rows of the module docstring, for ``model`` in bf16 with Adam."""
     config = get_config(model)
     seq = config.context

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS
 from parlab.units import GB, format_bytes
 
 __all__ = ["SummaryRow", "summary_table", "summary_text"]
@@ -94,13 +95,13 @@ def _tensor_row(config) -> SummaryRow:
 
     rows = {r["tp"]: r["parameters"] for r in parameter_memory(config, (1, 8), "bf16")}
     activation = config.context * config.d_model * PRECISIONS["bf16"].bytes
-    fast, slow = (allreduce_time(activation, 8, "ring", link) for link in (NVLINK, nic(400)))
+    fast, slow = (allreduce_time(activation, 8, "ring", link) for link in (NVLINK, nic(NIC_GBPS)))
     numbers = {"parameters_per_gpu_tp1": rows[1], "parameters_per_gpu_tp8": rows[8],
                "block_allreduce_s_nvlink": 4 * fast, "block_allreduce_s_nic": 4 * slow}
     evidence = (f"{config.name}'s parameters per GPU: {rows[1] / 1e9:.1f} B at tp=1, "
                 f"{rows[8] / 1e9:.1f} B at tp=8; the 4 all-reduces of one block and one "
                 f"sequence take {4e3 * fast:.2f} ms over NVLink, {4e3 * slow:.2f} ms over "
-                f"400 Gb/s NICs ({slow / fast:.1f} x)")
+                f"{NIC_GBPS} Gb/s NICs ({slow / fast:.1f} x)")
     return SummaryRow("tensor", "splits the matrices of every layer, so memory and work per "
                       "GPU shrink together; suits layers with many parameters",
                       "every block all-reduces its activations forward and backward, "
@@ -109,7 +110,7 @@ def _tensor_row(config) -> SummaryRow:
 
 
 def summary_table(config="GPT-3 175B", gpus: int = 1024,
-                  gpu_memory_gb: float = 80) -> list[SummaryRow]:
+                  gpu_memory_gb: float = GPU_MEMORY_GB) -> list[SummaryRow]:
     """The rows for data, model, pipeline and tensor parallelism, for ``config``."""
     from parlab.models import get_config
     config = get_config(config)

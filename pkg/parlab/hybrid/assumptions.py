@@ -59,10 +59,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab import memory
-from parlab.hybrid.placement import _positive
 from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
 from parlab.models import MFU
 from parlab.tensor_parallel import divisors
+from parlab.checks import check_choice, check_count
 
 __all__ = ["TIME_PARTS", "Assumptions", "bubble_fraction", "split_problem"]
 
@@ -125,12 +125,9 @@ class Assumptions:
     recompute: str | tuple | None = None  # None, "full", "selective", or a tuple to try each
 
     def __post_init__(self):
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
-                or self.global_batch < 1:
-            raise ValueError(f"global_batch must be a positive number of sequences, got "
-                             f"{self.global_batch!r}")
+        check_count("global_batch", self.global_batch, "sequences per step")
         if self.seq is not None:
-            _positive("seq", self.seq)  # 0 would silently mean the model's context
+            check_count("seq", self.seq)  # 0 would silently mean the model's context
         m = self.microbatches
         if m is not None and not isinstance(m, (tuple, list)):
             raise TypeError(f"microbatches must be a tuple of micro-batch counts (None: every "
@@ -152,8 +149,7 @@ class Assumptions:
             raise ValueError(f"gpu_tb_per_s must be a positive memory bandwidth in TB/s "
                              f"(math.inf: every micro-batch compute-bound), got "
                              f"{self.gpu_tb_per_s!r}")
-        if isinstance(self.zero, bool) or self.zero not in memory.ZERO_STAGES:
-            raise ValueError(f"zero must be one of {list(memory.ZERO_STAGES)}, got {self.zero!r}")
+        check_choice("zero", self.zero, memory.ZERO_STAGES)
         if self.schedule not in memory.ESTIMATED_SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{list(memory.ESTIMATED_SCHEDULES)}")
@@ -177,6 +173,6 @@ def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float
     if schedule not in memory.ESTIMATED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of "
                          f"{list(memory.ESTIMATED_SCHEDULES)}")
-    _positive("pp", pp)
-    _positive("microbatches", microbatches)
+    check_count("pp", pp)
+    check_count("microbatches", microbatches)
     return (pp - 1) / (microbatches + pp - 1)

@@ -29,9 +29,10 @@ import torch.distributed as dist
 from parlab.comm import Mesh
 from parlab.data_parallel import all_reduce_buckets
 from parlab.launch import rank_device
-from parlab.pipeline import (Network, max_difference, reference, run_network, Schedule,
+from parlab.pipeline import (Network, reference, run_network, Schedule,
                              stage_gpu_name, stage_layers)
 from parlab.checks import check_count
+from parlab.models import max_difference
 
 __all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hybrid_name"]
 

@@ -25,25 +25,19 @@ message between two ranks uses.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 from parlab.comm import GROUP_KINDS, Mesh, Topology, rail_optimized
 from parlab.tensor_parallel import divisors
+from parlab.checks import check_count, check_positive_number
 
 __all__ = ["place", "cluster", "group_links", "Placement", "placement"]
 
 
-def _positive(name: str, value) -> None:
-    """Raise ValueError unless ``value`` is a positive int (not a bool): the hybrid's one check."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _servers(gpus: int, gpus_per_server: int) -> int:
     """How many servers ``gpus`` GPUs fill: whole servers, or one partly used server."""
-    _positive("gpus", gpus)
-    _positive("gpus_per_server", gpus_per_server)
+    check_count("gpus", gpus)
+    check_count("gpus_per_server", gpus_per_server)
     if gpus > gpus_per_server and gpus % gpus_per_server:
         raise ValueError(f"gpus={gpus} does not fill servers of {gpus_per_server} GPUs; use a "
                          f"multiple of {gpus_per_server} (or fewer than one server)")
@@ -53,15 +47,14 @@ def _servers(gpus: int, gpus_per_server: int) -> int:
 def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = 400, **links) -> Topology:
     """The rail-optimized cluster that holds ``gpus`` GPUs: full servers, or one partial server."""
     servers = _servers(gpus, gpus_per_server)
-    if isinstance(nic_gbps, bool) or not isinstance(nic_gbps, numbers.Real) or not nic_gbps > 0:
-        raise ValueError(f"nic_gbps must be a positive speed in Gb/s, got {nic_gbps!r}")
+    check_positive_number("nic_gbps", nic_gbps, "a NIC's speed in Gb/s")
     return rail_optimized(servers, gpus_per_server, nic_gbps, **links)
 
 
 def place(dp: int, tp: int, pp: int, gpus_per_server: int = 8) -> list[int]:
     """The GPU (server-major index) of every rank, in rank order (see the module docstring)."""
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
-    _positive("gpus_per_server", gpus_per_server)
+    check_count("gpus_per_server", gpus_per_server)
     gpus = mesh.size
     per_server = min(gpus_per_server, gpus)
     if per_server % tp:

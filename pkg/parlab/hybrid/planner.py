@@ -31,9 +31,10 @@ from parlab.models import (
 )
 from parlab.comm import Mesh
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction, split_problem
-from parlab.hybrid.placement import _positive, cluster, group_links, place
+from parlab.hybrid.placement import cluster, group_links, place
 from parlab.tensor_parallel import divisors
 from parlab.comm import allreduce_time, Topology
+from parlab.checks import check_count
 
 __all__ = ["Layout", "Rejected", "Search", "plan", "search", "evaluate", "table"]
 
@@ -124,7 +125,7 @@ class Layout:
 
     def placement_table(self, ranks: int = 16) -> str:
         """The first ``ranks`` ranks: replica, stage, tensor index, GPU name, server, rail."""
-        _positive("ranks", ranks)
+        check_count("ranks", ranks)
         gpu_of, mesh = self.placement(), self.mesh
         lines = ["rank  replica  stage  tensor  GPU   server  rail"]
         for rank in range(min(ranks, self.gpus)):
@@ -256,7 +257,7 @@ def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb
     one ``recompute`` setting (None, "full" or "selective")."""
     config = get_config(config)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
-        _positive(name, value)  # before cluster(dp * tp * pp) would blame the product, "gpus"
+        check_count(name, value)  # before cluster(dp * tp * pp) would blame the product, "gpus"
     a = assumptions or Assumptions(**kwargs)
     if len(a.recompute_options) != 1:
         raise ValueError(f"evaluate prices one layout: give one recompute setting (None, "
@@ -296,7 +297,7 @@ def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology:
            nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> Search:
     """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
     config = get_config(config)
-    _positive("gpus", gpus)
+    check_count("gpus", gpus)
     a = Assumptions(**assumptions)
     if not gpu_memory_gb > 0:
         raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
@@ -356,7 +357,7 @@ def plan(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: T
 
 def table(layouts, top: int = 10) -> str:
     """The first ``top`` layouts as aligned text: degrees, memory, step time and its parts."""
-    _positive("top", top)
+    check_count("top", top)
     layouts = list(layouts)[:top]
     if not layouts:
         return "(no layout fits)"

@@ -72,9 +72,10 @@ from parlab.memory.modules import estimate_module, module_pricer, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
 from parlab.memory.tracing import module_children
 from parlab.memory.states import (
-    check_optimizer, check_positive, check_precision, check_split, check_zero, model_state_bytes
+    check_optimizer, check_precision, check_split, check_zero, model_state_bytes
 )
 from parlab.models import BookMLP, get_config
+from parlab.checks import check_count
 
 __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
            "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
@@ -123,7 +124,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
         if len(shape) != 2:
             raise ValueError(f"a transformer's input_shape is (batch, seq), got {input_shape!r}")
         batch, seq = shape
-        check_positive("seq", seq)
+        check_count("seq", seq)
         if seq > model.context:
             raise ValueError(f"seq={seq} exceeds {model.name}'s context of {model.context}")
     else:
@@ -162,7 +163,7 @@ def _stage_parameters(s: Setup, stage: int) -> int:
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None) -> Setup:
     """Validate the arguments of one micro-batch's activation count."""
     model = get_config(model) if isinstance(model, (str, dict, os.PathLike)) else model
-    check_positive("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
+    check_count("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, DECODERS) else (batch,)
     return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80, 0, recompute)
 
@@ -308,7 +309,7 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
     by data parallelism and by pipeline stages of contiguous top-level children, balanced
     by parameter count (tp stays 1); it is traced once per micro-batch size tried.
     """
-    check_positive("max_tp", max_tp)
+    check_count("max_tp", max_tp)
     s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
                       gpu_memory_gb, zero, recompute, example_input=example_input,
                       loss_fn=loss_fn)

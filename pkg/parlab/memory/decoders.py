@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from parlab.models import LlamaConfig, TransformerConfig
+from parlab.models import forward_flops, LlamaConfig, TransformerConfig
 
 __all__ = ["DECODERS", "tensor_split_sizes", "tp_problem", "block_terms", "end_terms",
            "stage_parameters", "full_input", "selective_terms", "block_flops_per_token"]
@@ -175,11 +175,12 @@ def selective_terms(m, batch: int, seq: int, e: int, tp: int) -> tuple[int, int]
 def block_flops_per_token(m, seq: int) -> tuple[int, int]:
     """(block, core): forward FLOPs per token of one block, and of its attention core.
 
-    The projections and the feed-forward layer do 2 FLOPs per weight (GPT: 4 d^2 + 2 d d_ff;
+    The projections and the feed-forward layer do 2 FLOPs per weight
+    (:func:`parlab.models.forward_flops`; GPT: 4 d^2 + 2 d d_ff;
     Llama: 2 d^2 + 2 d d_kv + 3 d d_ff); the core computes all T x T scores QK^T and their
     product with V, 2 T d each (masked afterwards; a causal kernel may skip half)."""
     d, f = m.d_model, m.d_ff
     weights = (2 * d * d + 2 * d * m.d_kv + 3 * d * f if isinstance(m, LlamaConfig)
                else 4 * d * d + 2 * d * f)
     core = 4 * seq * d
-    return 2 * weights + core, core
+    return forward_flops(weights, 1) + core, core

@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from parlab.checks import check_count, check_positive_number
+
 __all__ = ["RunCost", "Waste", "RetryTimes", "training_cost", "failure_cost", "expected_waste",
            "young_interval", "rdma_retry_times", "WasteCurve", "waste_curve"]
 
@@ -62,12 +64,6 @@ class RunCost:
                 f"${self.cost_usd:,.0f}")
 
 
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def training_cost(gpus: int, watts_per_gpu: float, days: float, usd_per_kwh: float,
                   pue: float = 1.0) -> RunCost:
     """Power (MW), energy (MWh) and cost (USD) of ``gpus`` drawing ``watts_per_gpu`` for ``days``.
@@ -75,11 +71,10 @@ def training_cost(gpus: int, watts_per_gpu: float, days: float, usd_per_kwh: flo
     ``pue`` (power usage effectiveness) multiplies the GPUs' draw by the cooling and power
     losses of the building; the book's example leaves it at 1.
     """
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
-        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
-    watts, days, price = (_positive(n, v) for n, v in (("watts_per_gpu", watts_per_gpu),
+    check_count("gpus", gpus)
+    watts, days, price = (check_positive_number(n, v) for n, v in (("watts_per_gpu", watts_per_gpu),
                                                        ("days", days), ("usd_per_kwh", usd_per_kwh)))
-    if _positive("pue", pue) < 1:
+    if check_positive_number("pue", pue) < 1:
         raise ValueError(f"pue is at least 1 (all power reaches the GPUs), got {pue!r}")
     hours = 24 * days
     power_mw = gpus * watts * pue / 1e6
@@ -97,8 +92,8 @@ def failure_cost(run: RunCost, at_hours: float, interval_hours: float | None = N
     """
     if not 0 <= at_hours <= run.hours:
         raise ValueError(f"at_hours must be within the run (0 to {run.hours:g} h), got {at_hours!r}")
-    lost = at_hours if interval_hours is None else at_hours % _positive("interval_hours",
-                                                                        interval_hours)
+    lost = at_hours if interval_hours is None \
+        else at_hours % check_positive_number("interval_hours", interval_hours)
     return (lost + restart_hours) * run.usd_per_hour
 
 
@@ -125,13 +120,13 @@ def expected_waste(run: RunCost, mtbf_hours: float, interval_hours: float | None
     See the module docstring for the model. ``interval_hours=None`` means no checkpoints.
     Returns ``math.inf`` hours and dollars when the expectation overflows (hopeless runs).
     """
-    mtbf = _positive("mtbf_hours", mtbf_hours)
+    mtbf = check_positive_number("mtbf_hours", mtbf_hours)
     c = 0.0 if interval_hours is None else checkpoint_minutes / 60
     r = restart_minutes / 60
     if c < 0 or r < 0:
         raise ValueError("checkpoint_minutes and restart_minutes cannot be negative")
-    k = run.hours if interval_hours is None else min(_positive("interval_hours",
-                                                               interval_hours), run.hours)
+    k = run.hours if interval_hours is None \
+        else min(check_positive_number("interval_hours", interval_hours), run.hours)
     segments = run.hours / k
     try:
         expected = segments * mtbf * math.exp(r / mtbf) * math.expm1((k + c) / mtbf)
@@ -144,8 +139,8 @@ def expected_waste(run: RunCost, mtbf_hours: float, interval_hours: float | None
 
 def young_interval(mtbf_hours: float, checkpoint_minutes: float) -> float:
     """Young's (1974) near-optimal checkpoint interval sqrt(2 c mtbf), in hours."""
-    return math.sqrt(2 * _positive("checkpoint_minutes", checkpoint_minutes) / 60
-                     * _positive("mtbf_hours", mtbf_hours))
+    return math.sqrt(2 * check_positive_number("checkpoint_minutes", checkpoint_minutes) / 60
+                     * check_positive_number("mtbf_hours", mtbf_hours))
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ output, since the product with V then reads the softmax output, which is already
 from __future__ import annotations
 
 from parlab.memory.calculator import block_activations
-from parlab.memory.states import check_positive, check_precision
+from parlab.memory.states import check_precision
 from parlab.models import get_config, TransformerConfig
+from parlab.checks import check_count
 
 __all__ = ["korthikanti_terms", "compare_block"]
 
@@ -91,7 +92,7 @@ def korthikanti_terms(config, batch: int, seq: int, element_bytes: int = 2,
     if not isinstance(c, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig or its name, got {config!r}")
     for name, value in (("batch", batch), ("seq", seq), ("element_bytes", element_bytes)):
-        check_positive(name, value)
+        check_count(name, value)
     if not isinstance(dropout, bool):
         raise TypeError(f"dropout must be True or False, got {dropout!r}")
     e, mask = element_bytes, int(dropout)

@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
 from parlab.memory.decoders import block_flops_per_token, full_input, selective_terms
-from parlab.models import BookMLP, count_parameters, get_config, training_flops
+from parlab.models import BookMLP, count_parameters, forward_flops, get_config, training_flops
 
 __all__ = ["RECOMPUTE", "check_recompute", "layer_activations", "full_recompute", "recompute_flops",
            "RecomputeFlops", "Trace", "live_bytes", "measure_recompute", "RecomputeResult"]
@@ -132,7 +132,7 @@ def recompute_flops(model, tokens: int, recompute=None, seq: int | None = None) 
     if isinstance(model, BookMLP):
         weights = sum(layer.W.numel() for layer in model.layers)
         total = weights + sum(layer.b.numel() for layer in model.layers)
-        extra = 2 * weights * tokens if recompute == "full" else 0
+        extra = forward_flops(weights, tokens) if recompute == "full" else 0
         return RecomputeFlops(training_flops(total, tokens), extra)
     c = get_config(model)
     seq = c.context if seq is None else seq

@@ -20,9 +20,10 @@ import math
 from dataclasses import dataclass
 
 from parlab.hardware import GPU_MEMORY_GB
-from parlab.memory.states import check_positive, check_precision
+from parlab.memory.states import check_precision
 from parlab.models import LlamaConfig, count_parameters, get_config
 from parlab.units import GB
+from parlab.checks import check_count
 
 __all__ = ["Serving", "serving_bytes"]
 
@@ -61,9 +62,9 @@ def serving_bytes(model, batch: int = 1, seq: int | None = None,
     ``batch`` sequences of ``seq`` tokens (default: the model's context) in ``precision``.
     ``batch=0`` is not allowed; for the weights alone read ``.weights``."""
     config = get_config(model)
-    check_positive("batch", batch)
+    check_count("batch", batch)
     seq = config.context if seq is None else seq
-    check_positive("seq", seq)
+    check_count("seq", seq)
     e = check_precision(precision).bytes
     kv_heads = config.n_kv_heads if isinstance(config, LlamaConfig) else config.n_heads
     d_head = config.d_model // config.n_heads

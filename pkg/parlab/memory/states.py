@@ -30,9 +30,11 @@ from typing import NamedTuple
 
 import torch
 
+from parlab.checks import check_count
+
 __all__ = ["PRECISIONS", "OPTIMIZERS", "ZERO_STAGES", "Precision", "ModelStates",
            "model_state_bytes", "bytes_per_parameter_table", "check_zero", "check_precision",
-           "check_optimizer", "check_split", "check_positive"]
+           "check_optimizer", "check_split"]
 
 
 class Precision(NamedTuple):
@@ -71,17 +73,11 @@ class ModelStates:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def check_positive(name, value):
-    """A ValueError naming ``name`` unless ``value`` is a positive int (a bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def check_split(batch, dp, tp, pp, microbatches) -> None:
     """Positive degrees, and a global ``batch`` that splits into dp x microbatches equal parts."""
-    check_positive("batch", batch)
+    check_count("batch", batch)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
-        check_positive(name, value)
+        check_count(name, value)
     if batch % (dp * microbatches):
         raise ValueError(f"batch={batch} does not split into dp={dp} x microbatches="
                          f"{microbatches} equal micro-batches")
@@ -136,8 +132,8 @@ def model_state_bytes(parameters: int, optimizer: str = "adam", precision: str =
     whole. Counted is what lives between steps; the transient buffers of the collectives
     (ZeRO-3's gathered layer, ZeRO-2's gradient buckets) are not, as in the paper.
     """
-    check_positive("parameters", parameters)
-    check_positive("dp", dp)
+    check_count("parameters", parameters)
+    check_count("dp", dp)
     check_zero(zero)
     p = check_precision(precision)
     state_values = OPTIMIZERS[check_optimizer(optimizer)]

@@ -7,8 +7,9 @@ and ``get_config``, ``count_parameters`` and ``build_model``, which take a confi
 family or its name), ``book_mlp`` (the MLP whose training step keeps the book's names: W,
 z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and parameters live),
 ``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares, with the
-roofline share of that speed a micro-batch of n tokens reaches). Imports
-nothing else of parlab.
+roofline share of that speed a micro-batch of n tokens reaches), ``compare``
+(``max_difference``: how far two runs' tensors are apart). Imports only the bottom modules
+of parlab (``checks``, ``hardware``).
 """
 
 from parlab.models.transformer import (
@@ -25,10 +26,11 @@ from parlab.models.book_mlp import (
 from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
+from parlab.models.compare import max_difference
 from parlab.models.compute import (
-    block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN, H100_BF16_TFLOPS,
-    matmul_efficiency, matmul_rates, MFU, compute_seconds, flops_seconds,
-    training_flops
+    block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN,
+    FORWARD_FLOPS_PER_PARAMETER_TOKEN, forward_flops, H100_BF16_TFLOPS, matmul_efficiency,
+    matmul_rates, MFU, compute_seconds, flops_seconds, training_flops
 )
 
 __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
@@ -37,5 +39,6 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "BookMLP", "ACTIVATIONS", "BOOK_NAMES", "book_table", "bytes_by_scaling", "held_bytes",
            "tensor_bytes", "SmallCNN", "LayerProfile", "profile", "share_by_kind",
            "communication_per_layer", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
+           "FORWARD_FLOPS_PER_PARAMETER_TOKEN", "forward_flops",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
-           "block_matmul_efficiency", "matmul_rates"]
+           "block_matmul_efficiency", "matmul_rates", "max_difference"]

@@ -31,20 +31,29 @@ import math
 
 from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
 from parlab.models.llama import LlamaConfig
+from parlab.checks import check_count, check_positive_number
 
-__all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN",
-           "training_flops", "compute_seconds", "flops_seconds", "matmul_efficiency",
-           "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
+__all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN", "FORWARD_FLOPS_PER_PARAMETER_TOKEN",
+           "training_flops", "forward_flops", "compute_seconds", "flops_seconds",
+           "matmul_efficiency", "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
 
 #: The share of peak a GPU sustains in a training step's matrix multiplications.
 MFU = 0.4
-#: Forward (2) plus backward (4) FLOPs per parameter per token.
-FLOPS_PER_PARAMETER_TOKEN = 6
+#: Forward FLOPs per parameter per token: a multiply and an add per weight.
+FORWARD_FLOPS_PER_PARAMETER_TOKEN = 2
+#: Forward (2) plus backward (4: the gradients of the input and of the weights) FLOPs per
+#: parameter per token: the one training-FLOP formula every calculator builds on.
+FLOPS_PER_PARAMETER_TOKEN = 3 * FORWARD_FLOPS_PER_PARAMETER_TOKEN
 
 
 def training_flops(params: float, tokens: float) -> float:
     """FLOPs of one forward and backward pass over ``tokens`` tokens: 6 x params x tokens."""
     return FLOPS_PER_PARAMETER_TOKEN * params * tokens
+
+
+def forward_flops(params: float, tokens: float) -> float:
+    """FLOPs of the forward pass alone (what recomputation repeats): 2 x params x tokens."""
+    return FORWARD_FLOPS_PER_PARAMETER_TOKEN * params * tokens
 
 
 def compute_seconds(params: float, tokens: float, tflops: float = H100_BF16_TFLOPS,
@@ -61,12 +70,6 @@ def flops_seconds(flops: float, tflops: float = H100_BF16_TFLOPS, mfu: float = M
     return flops / (tflops * 1e12 * mfu)
 
 
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def matmul_efficiency(tokens: int, k: int, m: int, element_bytes: int = 2,
                       tflops: float = H100_BF16_TFLOPS,
                       tb_per_s: float = H100_HBM_TB_PER_S) -> float:
@@ -79,7 +82,7 @@ def matmul_efficiency(tokens: int, k: int, m: int, element_bytes: int = 2,
     """
     for name, value in (("tokens", tokens), ("k", k), ("m", m), ("element_bytes", element_bytes),
                         ("tflops", tflops), ("tb_per_s", tb_per_s)):
-        _positive(name, value)
+        check_positive_number(name, value)
     if math.isinf(tb_per_s):
         return 1.0
     intensity = 2 * tokens * k * m / (element_bytes * (tokens * k + k * m + tokens * m))
@@ -94,8 +97,7 @@ def block_matmuls(config, tp: int = 1) -> list[tuple[int, int]]:
     feed-forward product (d x d_ff/tp; Llama's SwiGLU gate and up together, d x 2 d_ff/tp)
     and the second (d_ff/tp x d): column-parallel, then row-parallel.
     """
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    check_count("tp", tp, "tensor-parallel ranks")
     d, ff, heads = config.d_model, config.d_ff, config.n_heads
     llama = isinstance(config, LlamaConfig)
     kv = config.n_kv_heads if llama else heads
@@ -134,13 +136,11 @@ def matmul_rates(tokens=(1, 4, 16, 64, 256, 512), k: int = 4096, m: int = 4096,
     import torch
 
     for name, value in (("k", k), ("m", m), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_count(name, value)
     weight = torch.randn(k, m, dtype=dtype or torch.float32)
     rates = []
     for n in tokens:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"tokens must be positive integers, got {n!r}")
+        check_count("tokens", n, "each of the token counts")
         x = torch.randn(n, k, dtype=weight.dtype)
         flops = 2 * n * k * m
         calls = max(1, 2 ** 27 // flops)        # about 0.1 GFLOP per timed round at least

@@ -30,13 +30,13 @@ recomputation can run ``model.blocks`` one by one, as they do for the GPT.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from numbers import Real
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from parlab.models.transformer import next_token_loss
+from parlab.checks import check_count, check_positive_number
 
 __all__ = ["LlamaConfig", "Llama", "RMSNorm", "count_llama_parameters", "build_llama",
            "rotary_cos_sin", "apply_rotary"]
@@ -65,8 +65,7 @@ class LlamaConfig:
     def __post_init__(self):
         for f in _SIZES:
             value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{f} must be a positive integer, got {value!r}")
+            check_count(f, value)
         if self.d_model % self.n_heads:
             raise ValueError(f"{self.name}: n_heads={self.n_heads} does not divide "
                              f"d_model={self.d_model}; heads must split d_model evenly")
@@ -78,9 +77,7 @@ class LlamaConfig:
             raise ValueError(f"{self.name}: d_head={self.d_head} is odd; rotary embeddings "
                              f"rotate pairs of dimensions")
         for f in ("rope_theta", "rms_norm_eps"):
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
-                raise ValueError(f"{f} must be a positive number, got {value!r}")
+            check_positive_number(f, getattr(self, f))
         for f in ("tied_embeddings", "attention_bias", "mlp_bias"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"{f} must be True or False, got {getattr(self, f)!r}")

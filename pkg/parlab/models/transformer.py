@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parlab.checks import check_count
+
 __all__ = ["TransformerConfig", "count_gpt_parameters", "build_gpt", "GPT", "MLP", "CONFIGS",
            "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_SMALL", "GPT3_MEDIUM",
            "GPT3_LARGE", "GPT3_XL", "GPT3_2_7B", "GPT3_6_7B", "GPT3_13B", "GPT3_175B", "TINY"]
@@ -52,7 +54,7 @@ class TransformerConfig:
 
     def __post_init__(self):
         for f in ("d_model", "n_layers", "n_heads", "d_ff", "vocab", "context"):
-            _positive_int(f, getattr(self, f))
+            check_count(f, getattr(self, f))
         if self.d_model % self.n_heads:
             valid = [h for h in range(1, min(self.d_model, 128) + 1) if self.d_model % h == 0]
             raise ValueError(f"{self.name}: n_heads={self.n_heads} does not divide "
@@ -69,11 +71,6 @@ class TransformerConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         return TransformerConfig(**values)
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _gpt(name: str, d_model: int, n_layers: int, n_heads: int, context: int) -> TransformerConfig:

@@ -24,12 +24,12 @@ import torch.distributed as dist
 
 from parlab.comm import chrome_trace
 from parlab.checks import check_count
+from parlab.models import max_difference
 from parlab.pipeline.runner import run_schedule, split_layers
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 
-__all__ = ["Network", "Execution", "execute", "reference", "run_network", "stage_layers",
-           "max_difference"]
+__all__ = ["Network", "Execution", "execute", "reference", "run_network", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -150,13 +150,6 @@ def reference(net: Network, x=None, target=None):
     grads = {j: (layer[0].weight.grad.clone(), layer[0].bias.grad.clone())
              for j, layer in enumerate(model)}
     return grads, float(loss.detach())
-
-
-def max_difference(grads, ref) -> float:
-    """Largest absolute difference between two {layer: (dW, db)} dicts over the same layers."""
-    if set(grads) != set(ref):
-        raise ValueError(f"gradients for layers {sorted(grads)} vs {sorted(ref)}")
-    return max(float((a - b).abs().max()) for j in grads for a, b in zip(grads[j], ref[j]))
 
 
 @dataclass

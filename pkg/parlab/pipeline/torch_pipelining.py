@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from parlab.pipeline.executor import Network, max_difference, stage_layers
+from parlab.pipeline.executor import Network, stage_layers
 from parlab.checks import check_count
+from parlab.models import max_difference
 from parlab.pipeline.schedules import Schedule, entry_actions
 
 __all__ = ["TorchRun", "torch_pipelining", "our_action_order"]

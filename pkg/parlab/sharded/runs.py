@@ -23,6 +23,7 @@ from parlab.launch import rank_device, run
 from parlab.memory import check_optimizer
 from parlab.sharded.flat import parameter_layers
 from parlab.sharded.zero import check_stage, make_optimizer, Zero
+from parlab.checks import check_count
 
 __all__ = ["ShardSpec", "RankResult", "ShardRun", "make_model", "make_batch", "local_batch",
            "layer_values", "train", "train_rank", "reference", "launch_spec"]
@@ -46,9 +47,7 @@ class ShardSpec:
                                       for n in self.sizes):
             raise ValueError(f"sizes must be two or more positive integers, got {self.sizes!r}")
         for name in ("samples", "steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_count(name, getattr(self, name))
 
     def replace(self, **changes) -> "ShardSpec":
         return replace(self, **changes)
@@ -197,8 +196,7 @@ def launch_spec(rank_fn, world_size: int, spec: ShardSpec, *args, backend: str |
 
     Returns the ranks' results and, with ``backend="toy"``, the merged traffic log.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    check_count("world_size", world_size)
     if spec.samples % world_size:
         raise ValueError(f"spec.samples={spec.samples} does not split evenly over world_size="
                          f"{world_size} ranks; use a multiple of {world_size} samples")

@@ -31,6 +31,7 @@ from torch import nn
 
 from parlab.memory import check_optimizer, ZERO_STAGES
 from parlab.sharded.flat import FlatShard, parameter_layers
+from parlab.checks import check_choice
 
 __all__ = ["Zero", "STATE_PARTS", "check_stage", "make_optimizer"]
 
@@ -40,9 +41,7 @@ STATE_PARTS = ("parameters", "gradients", "optimizer_state")
 
 
 def check_stage(stage) -> int:
-    if isinstance(stage, bool) or stage not in ZERO_STAGES:
-        raise ValueError(f"ZeRO stage must be one of {list(ZERO_STAGES)}, got {stage!r}")
-    return stage
+    return check_choice("ZeRO stage", stage, ZERO_STAGES)
 
 
 def make_optimizer(name: str, params, lr: float):

@@ -15,7 +15,7 @@ slips are chapter 04's experiments (:mod:`parlab.experiments`). Imports
 """
 
 from parlab.tensor_parallel.sharding import (
-    balanced_ranges, check_degree, check_positive, describe, divisors, even_ranges, merge,
+    balanced_ranges, check_degree, describe, divisors, even_ranges, merge,
     merge_grads, shard_spec, ShardSpec, split
 )
 from parlab.tensor_parallel.mappings import (
@@ -43,7 +43,7 @@ from parlab.tensor_parallel.counting import (
 )
 
 __all__ = ["ShardSpec", "shard_spec", "split", "merge", "merge_grads", "describe", "even_ranges",
-           "balanced_ranges", "check_degree", "check_positive", "divisors", "copy_to_region",
+           "balanced_ranges", "check_degree", "divisors", "copy_to_region",
            "reduce_from_region", "gather_from_region", "scatter_to_region", "gather_for_use",
            "broadcast_from", "all_gather_cat", "local_slice", "reduce_scatter_slice",
            "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",

@@ -45,11 +45,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd import Function
 
-from parlab.tensor_parallel.sharding import check_positive, check_degree, shard_spec
+from parlab.tensor_parallel.sharding import check_degree, shard_spec
 from parlab.tensor_parallel.mappings import (
     all_gather_cat, broadcast_from, local_slice, reduce_scatter_slice
 )
 from parlab.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from parlab.checks import check_count
 
 __all__ = ["SelfAttention", "attend", "BookAttention", "MegatronAttention", "dtensor_attention",
            "PROJECTIONS", "check_heads", "check_grad_sync"]
@@ -60,8 +61,8 @@ PROJECTIONS = {"q_proj": "W_Q", "k_proj": "W_K", "v_proj": "W_V", "out_proj": "W
 
 def check_heads(d_model, n_heads) -> None:
     """Raise ValueError unless ``n_heads`` heads of whole width split ``d_model`` features."""
-    check_positive("d_model", d_model)
-    check_positive("n_heads", n_heads)
+    check_count("d_model", d_model)
+    check_count("n_heads", n_heads)
     if d_model % n_heads:
         raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
 

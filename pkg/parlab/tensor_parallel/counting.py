@@ -14,11 +14,13 @@ collective's wire bytes from :func:`parlab.comm.ring_wire_bytes` (the table is i
 
 from __future__ import annotations
 
+from parlab.hardware import GPU_MEMORY_GB
+from parlab.units import GB
 from parlab.comm import ring_wire_bytes
 from parlab.models import GPT3_175B, TransformerConfig, count_parameters, get_config
 from parlab.tensor_parallel.attention import check_grad_sync
 from parlab.tensor_parallel.ffn import layout
-from parlab.tensor_parallel.sharding import check_positive
+from parlab.checks import check_count
 
 __all__ = ["parameter_memory", "embedding_table", "SLIDE_FORMULAS",
            "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total"]
@@ -41,7 +43,7 @@ def parameter_memory(config: TransformerConfig | str = GPT3_175B, degrees=(1, 2,
     for tp in degrees:
         b = estimate(config, (1, config.context), optimizer="sgd", precision=precision, tp=tp)
         rows.append({"tp": tp, "parameters": b.parameters // _bytes(precision),
-                     "bytes": b.parameters, "fits_80GB": b.parameters <= 80e9})
+                     "bytes": b.parameters, "fits_80GB": b.parameters <= GPU_MEMORY_GB * GB})
     return rows
 
 
@@ -54,7 +56,7 @@ def _bytes(precision: str) -> int:
 
 def _positives(**values) -> None:
     for name, value in values.items():
-        check_positive(name, value)
+        check_count(name, value)
 
 
 def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str = "fp16",
@@ -67,9 +69,9 @@ def embedding_table(config: TransformerConfig | str = GPT3_175B, precision: str 
     """
     c = get_config(config)
     size = _bytes(precision)
-    check_positive("batch", batch)
+    check_count("batch", batch)
     if seq is not None:  # None: the model's context
-        check_positive("seq", seq)
+        check_count("seq", seq)
     seq = seq or c.context
     counts = count_parameters(c)
     return {"vocab": c.vocab, "d_model": c.d_model, "parameters": c.vocab * c.d_model,

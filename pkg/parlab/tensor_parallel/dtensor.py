@@ -31,6 +31,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_leaves
 
 from parlab.tensor_parallel.sharding import check_degree, shard_spec
+from parlab.checks import check_choice
 
 __all__ = ["default_mesh", "dtensor_mlp", "dtensor_local_grads", "CommBytes",
            "collective_wire_bytes"]
@@ -174,8 +175,7 @@ class CommBytes(CommDebugMode):
         ``noise_level`` 0 lists the collectives each module ran forward and backward;
         1 adds every DTensor operation with its shapes and placements, 2 and 3 more.
         """
-        if isinstance(noise_level, bool) or noise_level not in (0, 1, 2, 3):
-            raise ValueError(f"noise_level must be 0, 1, 2 or 3, got {noise_level!r}")
+        check_choice("noise_level", noise_level, (0, 1, 2, 3))
         return _ANSI.sub("", self.generate_comm_debug_tracing_table(noise_level)).rstrip()
 
 

@@ -33,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 from parlab.models import ACTIVATIONS, BookMLP
-from parlab.tensor_parallel.sharding import check_positive, ShardSpec, shard_spec
+from parlab.tensor_parallel.sharding import ShardSpec, shard_spec
 from parlab.comm import Mesh, gpu_name, link_type
 from parlab.tensor_parallel.mappings import all_gather_cat
+from parlab.checks import check_count
 
 __all__ = ["FIGURE_8_19_SIZES", "Placement", "layout", "ffn_rank", "ffn_data", "link_of",
            "reference_ffn", "check_ffn_run"]
@@ -83,7 +84,7 @@ def layout(sizes=FIGURE_8_19_SIZES, tensor: int = 2) -> list[Placement]:
     if len(sizes) < 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
                              for n in sizes):
         raise ValueError(f"sizes must be positive ints, input width first, got {sizes}")
-    check_positive("tensor", tensor)  # GPUs per stage: checked here, not as each layer's "parts"
+    check_count("tensor", tensor)  # GPUs per stage: checked here, not as each layer's "parts"
     stages = len(sizes) - 1
     places = []
     for stage, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
@@ -107,8 +108,8 @@ def link_of(src: int, dst: int, tensor: int = 2) -> str:
 def check_ffn_run(batch: int, micro_batches: int, activation: str) -> None:
     """Raise ValueError unless ``batch`` samples split into ``micro_batches`` and ``activation``
     is known: checked by :func:`ffn_rank` and, before any rank starts, by ``run_ffn``."""
-    check_positive("batch", batch)
-    check_positive("micro_batches", micro_batches)
+    check_count("batch", batch)
+    check_count("micro_batches", micro_batches)
     if batch % micro_batches:
         raise ValueError(f"batch={batch} does not split into micro_batches={micro_batches} "
                          f"equal micro-batches; use a divisor of {batch}")
@@ -118,7 +119,7 @@ def check_ffn_run(batch: int, micro_batches: int, activation: str) -> None:
 
 def ffn_data(sizes=FIGURE_8_19_SIZES, batch: int = 4, seed: int = 0):
     """The experiment's input context vectors and targets (the same on every rank)."""
-    check_positive("batch", batch)
+    check_count("batch", batch)
     g = torch.Generator().manual_seed(seed + 7)
     return torch.randn(batch, sizes[0], generator=g), torch.randn(batch, sizes[-1], generator=g)
 

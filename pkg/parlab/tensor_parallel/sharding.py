@@ -32,8 +32,10 @@ from typing import Sequence
 
 import torch
 
+from parlab.checks import check_count
+
 __all__ = ["ShardSpec", "KINDS", "shard_spec", "split", "merge", "describe", "even_ranges",
-           "balanced_ranges", "check_degree", "check_positive", "divisors", "merge_grads"]
+           "balanced_ranges", "check_degree", "divisors", "merge_grads"]
 
 #: The kinds of split :func:`plan` knows, with the unit each one counts.
 KINDS = {"rows": "rows", "columns": "columns", "neurons": "neurons", "heads": "heads",
@@ -103,15 +105,9 @@ class ShardSpec:
                 f"[dim {self.dim}, {self.start}:{self.stop}] -> local {self.local_shape}")
 
 
-def check_positive(name: str, value) -> None:
-    """Raise ValueError unless ``value`` is a positive int (not a bool): the subpackage's check."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def divisors(n: int) -> list[int]:
     """Every positive divisor of ``n``: the tensor-parallel degrees that split ``n`` evenly."""
-    check_positive("n", n)
+    check_count("n", n)
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -120,8 +116,8 @@ def check_degree(parts, n: int, what: str, name: str = "the number of ranks") ->
 
     ``name`` is how the error calls ``parts`` (the caller's argument, e.g. "world_size").
     """
-    check_positive(name, parts)
-    check_positive(f"the number of {what}", n)
+    check_count(name, parts)
+    check_count(f"the number of {what}", n)
     if parts > n:
         raise ValueError(f"{parts} ranks for {n} {what}: more ranks than {what} leaves some "
                          f"ranks with nothing; use at most {n} rank{'s' if n > 1 else ''}")
@@ -139,8 +135,8 @@ def even_ranges(n: int, parts: int, what: str = "rows") -> list[tuple[int, int]]
 
 def balanced_ranges(n: int, parts: int, what: str = "token ids") -> list[tuple[int, int]]:
     """``parts`` contiguous ranges whose sizes differ by at most one (the first are longer)."""
-    check_positive("the number of ranks", parts)
-    check_positive(f"the number of {what}", n)
+    check_count("the number of ranks", parts)
+    check_count(f"the number of {what}", n)
     if parts > n:
         raise ValueError(f"{parts} ranks for {n} {what}: more ranks than {what}; "
                          f"use at most {n} ranks")
@@ -165,7 +161,7 @@ def shard_spec(name: str, shape: Sequence[int], kind: str, parts: int, *, dim: i
     shape = tuple(int(s) for s in shape)
     if kind not in KINDS:
         raise ValueError(f"unknown kind of split {kind!r}; choose one of {list(KINDS)}")
-    check_positive("parts", parts)
+    check_count("parts", parts)
     if dim is None:
         dim = len(shape) - 1 if kind == "columns" else 0
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
@@ -177,7 +173,7 @@ def shard_spec(name: str, shape: Sequence[int], kind: str, parts: int, *, dim: i
     if kind == "heads":
         if n_heads is None:
             raise ValueError("a split by heads needs n_heads")
-        check_positive("n_heads", n_heads)
+        check_count("n_heads", n_heads)
         if n % n_heads:
             raise ValueError(f"{n_heads} heads do not divide the {n} elements of dim {dim}")
         unit = n // n_heads
