@@ -201,7 +201,8 @@ print(f"vectors looked up for one sequence of {gpt3.context} tokens: "
 # above), but the memory argument holds: the table is a fraction of one block and a
 # fraction of a percent of the model, and a lookup only copies rows. The book gives a
 # second reason, that splitting the table would bring high communication costs. Section 3
-# measures both layouts and finds otherwise.
+# measures both layouts, counted like for like, and finds the direction right; it also gives
+# the reasons Megatron-LM splits the table all the same.
 
 # %% [markdown]
 # ### Q, K and V on one GPU (Figure 8-16)
@@ -280,11 +281,20 @@ for bad in (lambda: shard_spec("W_Q", (12288, 12288), "heads", 5, n_heads=96),
 # **Vocabulary-parallel** (`VocabParallelEmbedding`, Megatron's name): each rank owns a
 # range of token ids. It looks up the ids it owns and writes zeros for the rest; an
 # all-reduce adds the ranks' answers, and since exactly one rank owns each id, the sum is
-# the vector. The backward pass needs no traffic: each rank's rows get their own ids'
-# gradients.
+# the vector. Its own backward pass moves nothing: each rank takes its ids' rows out of the
+# full gradient of the vectors.
+#
+# That full gradient has to come from somewhere. The layer after the embedding is tensor
+# parallel (the Q, K, V projections of section 5), and each GPU's slice of it hands back a
+# different, partial gradient of the vectors. Someone has to add them up. In the book's
+# layout the reduce onto A1 does it; with the vocabulary split it is the all-reduce of the
+# layer's input operator, Megatron's `f` (`copy_to_region`, section 4). So both runs below
+# start from the same per-rank gradients: rank r's loss uses its own weights, as its slice
+# of the projections would, and the vocabulary run passes its vectors through `f`.
 #
 # Both on <span data-glue="emb_ranks">3</span> ranks, with a vocabulary of
-# <span data-glue="emb_vocab">11</span> tokens, against `nn.Embedding` on one device:
+# <span data-glue="emb_vocab">11</span> tokens, against `nn.Embedding` on one device (the
+# reference adds up every rank's loss):
 
 # %%
 from parlab.experiments import run_embedding
@@ -299,32 +309,109 @@ for c in embeddings.values():
     print(c.traffic_table(), "\n")
 
 # %% [markdown]
-# **The book says that splitting the table brings high communication costs.** Add up each
-# layout's forward and backward bytes, and count them in units of the looked-up vectors
-# (the output of the lookup). Then do the same with the ring formulas at GPT-3's size: one
-# sequence's vectors on <span data-glue="tp_gpt3">8</span> GPUs.
+# **The book says that splitting the table brings high communication costs.** Split each
+# run's log into its two collectives: the forward one belongs to the embedding (the
+# broadcast, or the all-reduce that assembles the vectors, Megatron's `g`); the backward one
+# is the sum of the per-rank gradients (`f`). Count them in units of the looked-up vectors
+# (the output of the lookup), set the ring closed forms beside the log, then use the closed
+# forms at GPT-3's size: one sequence's vectors on <span data-glue="tp_gpt3">8</span> GPUs.
 
 # %%
+from parlab.comm import ring_wire_bytes
 from parlab.experiments import embedding_wire_bytes
 
 vectors = embeddings["broadcast"].reference["output"].nbytes
+small = embedding_wire_bytes(vectors, ranks)
+print(f"looked-up vectors: {vectors} B; {ranks} ranks")
+print(f"{'layout':<9} {'embedding (fwd)':>22} {'f (bwd)':>18} {'total':>7} {'x vectors':>9}"
+      f"  closed form = log")
 for kind, c in embeddings.items():
-    moved = sum(c.total_bytes().values())
-    print(f"{kind:<9} forward + backward: {moved} B = {moved / vectors:.3g} x the vectors "
-          f"({vectors} B)")
+    log = c.bytes_by_op()
+    fwd, bwd = (sum(log[phase].values()) for phase in ("forward", "backward"))
+    op_fwd, op_bwd = small[kind]["ops"]
+    print(f"{kind:<9} {op_fwd:>12} {fwd:>7g} B {op_bwd:>10} {bwd:>5g} B {fwd + bwd:>5g} B "
+          f"{(fwd + bwd) / vectors:>9.3g}  "
+          f"{(small[kind]['embedding'], small[kind]['f']) == (fwd, bwd)}")
+
 at_scale = embedding_wire_bytes(table["vectors_bytes"], lm["tp"])
-print(f"GPT-3, one sequence, {lm['tp']} GPUs: "
-      f"broadcast + reduce {at_scale['broadcast']['total'] / 1e6:.0f} MB,"
-      f" vocabulary split {at_scale['vocab']['total'] / 1e6:.0f} MB")
+blocks = gpt3.n_layers * 4 * ring_wire_bytes("all_reduce", table["vectors_bytes"], lm["tp"])
+print(f"\nGPT-3, one sequence ({table['vectors_bytes'] / 1e6:.1f} MB of vectors), "
+      f"{lm['tp']} GPUs:")
+for kind, w in at_scale.items():
+    print(f"{kind:<9} embedding {w['embedding'] / 1e6:5.0f} MB + f {w['f'] / 1e6:5.0f} MB "
+          f"= {w['total'] / 1e9:.2f} GB")
+extra = at_scale["vocab"]["total"] - at_scale["broadcast"]["total"]
+print(f"the {gpt3.n_layers} blocks' own all-reduces (4 per block): {blocks / 1e9:.1f} GB; "
+      f"the vocabulary split adds {100 * extra / blocks:.2f} % to them")
+glue("emb_book_gb", at_scale["broadcast"]["total"] / 1e9, ".2f")
+glue("emb_vocab_gb", at_scale["vocab"]["total"] / 1e9, ".2f")
+glue("emb_ratio", at_scale["vocab"]["total"] / at_scale["broadcast"]["total"], ".2f")
+glue("emb_book_mb", at_scale["broadcast"]["embedding"] / 1e6, ".0f")
+glue("emb_vocab_mb", at_scale["vocab"]["embedding"] / 1e6, ".0f")
+_ = glue("emb_share", 100 * extra / blocks, ".2f")
 
 # %% [markdown]
-# The vocabulary split moves *less*, in our run and at GPT-3's size. Its all-reduce costs
-# more than the broadcast in the forward pass, but it needs nothing in the backward pass,
-# where the book's layout must reduce the vectors' gradients onto A1. Both are
-# proportional to the looked-up vectors, not to the table, so communication is not the
-# reason to keep the table whole. The real trade-off is memory against simplicity: a
-# vocabulary-parallel table divides the table's memory, which matters only when the table
-# is big next to the rest of what a GPU holds. Megatron-LM splits it anyway.
+# Counted like for like, **the book's direction is right**: the vocabulary split moves
+# more, <span data-glue="emb_vocab_gb">1.41</span> GB against
+# <span data-glue="emb_book_gb">0.75</span> GB per sequence at GPT-3's size
+# (<span data-glue="emb_ratio">1.88</span> times as much), and the toy log agrees with the
+# closed forms. The accounting, collective by collective:
+#
+# - forward, the embedding's own collective: a broadcast from A1 (each hop carries the
+#   vectors once) against an all-reduce (a reduce-scatter and an all-gather, twice the
+#   bytes);
+# - backward, the sum of the ranks' partial gradients (`f`): a reduce onto A1, since only
+#   the table there needs the sum, against an all-reduce, since every rank's rows need it.
+#
+# Megatron counts `f` in the layer that uses the vectors, not in the embedding. Counted that
+# way, the embedding alone is a broadcast against an all-reduce,
+# <span data-glue="emb_book_mb">352</span> MB against
+# <span data-glue="emb_vocab_mb">705</span> MB: the same direction. What holds either way:
+# both grow with the looked-up vectors (batch x tokens x `d_model`), not with the table, and
+# the difference is small beside what the blocks move: the extra bytes of the vocabulary
+# split are <span data-glue="emb_share">0.24</span> % of the blocks' own all-reduces. So the
+# book's "high" overstates it, and the cost is not why the question matters.
+#
+# ### Why Megatron-LM splits the table anyway
+#
+# Megatron-LM splits the table for two other reasons. The first is memory: with its
+# optimizer state, the whole table sits on A1 alone, a load no other GPU carries. The
+# second is the output layer, which shares the table (GPT-style models tie the two: the
+# logits are the final hidden state times the table's transpose). Its matrix multiply is as
+# large as the table, and it needs the logits of every token over the whole vocabulary for
+# the softmax. Split by vocabulary like the table, each GPU computes the logits of its own
+# token ids, and the loss needs only three numbers per token from the other GPUs: the
+# largest logit (to keep the exponentials in range), the target token's logit (from the GPU
+# that owns it, zero elsewhere), and the sum of the exponentials. Megatron's parallel
+# cross-entropy all-reduces just those, instead of gathering the logits. For GPT-3 on
+# <span data-glue="tp_gpt3">8</span> GPUs, one sequence, with mixed-precision Adam:
+
+# %%
+from parlab.experiments import split_table_reasons
+
+why = split_table_reasons(gpt3, tp=lm["tp"])
+print(f"table with its optimizer state: {why['table_state_bytes'] / 1e9:.2f} GB on A1, or "
+      f"{why['table_state_bytes_split'] / 1e9:.2f} GB per GPU split; one GPU's share of a "
+      f"block: {why['block_state_bytes_per_gpu'] / 1e9:.2f} GB")
+print(f"output layer's matrix multiply (forward): {why['head_forward_flops'] / 1e12:.2f} "
+      f"TFLOP on one GPU, or {why['head_forward_flops'] / why['tp'] / 1e12:.2f} TFLOP per GPU "
+      f"split; one GPU's share of a block: {why['block_forward_flops_per_gpu'] / 1e12:.2f} "
+      f"TFLOP")
+print(f"the loss: all-gather the fp32 logits ({why['logits_bytes'] / 1e6:.0f} MB): "
+      f"{why['gather_logits_wire_bytes'] / 1e9:.2f} GB on the wire; parallel cross-entropy "
+      f"(3 values per token): {why['parallel_loss_wire_bytes'] / 1e3:.0f} kB")
+glue("why_table_blocks", why["table_state_bytes"] / why["block_state_bytes_per_gpu"], ".1f")
+_ = glue("why_head_blocks", why["head_forward_flops"] / why["block_forward_flops_per_gpu"],
+         ".1f")
+
+# %% [markdown]
+# Kept whole, the table and its optimizer state weigh as much on A1 as
+# <span data-glue="why_table_blocks">2.7</span> blocks' shares do on a GPU, and the tied
+# output layer's multiply is <span data-glue="why_head_blocks">2.7</span> times one GPU's
+# share of a block, done by one GPU while the others wait. Split by vocabulary, both shrink
+# with the number of GPUs, and the parallel loss moves kilobytes. Those are the reasons to
+# split the table: memory and the output layer, not the input lookup's traffic, which
+# the split makes somewhat larger.
 
 # %% [markdown]
 # ## 4. The Megatron MLP, and the slides' cost per layer

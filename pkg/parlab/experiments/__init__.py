@@ -27,7 +27,7 @@ from parlab.experiments.ch04_mlp import run_mlp
 from parlab.experiments.ch04_book import (
     BOOK_SAYS, book_rounding, calls_table, collective_calls, CollectiveCall, column_split_input,
     embedding_wire_bytes, ffn_backward_sums, ffn_widths, gpt3_counts, gradient_shard_bytes,
-    layer_memory, softmax_and_context
+    layer_memory, softmax_and_context, split_table_reasons
 )
 from parlab.experiments.ch04_figures import qkv_example, qkv_shards, strategy_explorer
 from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's figures)
@@ -42,5 +42,6 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "model_sizes_f
            "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table",
            "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
            "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
+           "split_table_reasons",
            "qkv_example", "qkv_shards", "strategy_explorer", "SummaryRow", "summary_table",
            "summary_text", "CopySize", "copy_sizes", "copy_table", "stage_table"]

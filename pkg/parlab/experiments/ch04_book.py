@@ -20,6 +20,8 @@ here:
   those weights times V.
 - :func:`ffn_widths`: the book's feed-forward network next to a transformer's.
 - :func:`embedding_wire_bytes`: the two embedding layouts' traffic, for any number of GPUs.
+- :func:`split_table_reasons`: why Megatron-LM splits the table all the same (memory, and
+  the output layer that shares it).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from parlab.checks import check_count
 __all__ = ["BOOK_SAYS", "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table", "gradient_shard_bytes",
            "ffn_backward_sums",
            "layer_memory", "book_rounding", "column_split_input", "softmax_and_context",
-           "ffn_widths", "embedding_wire_bytes"]
+           "ffn_widths", "embedding_wire_bytes", "split_table_reasons"]
 
 #: What the chapter states, to set beside the computed counts.
 BOOK_SAYS = {"attention": 605e6, "feed_forward": 1.2e9, "blocks": 173e9, "total": 175e9}
@@ -263,13 +265,55 @@ def ffn_widths(config: TransformerConfig | str = GPT3_175B, sizes=FIGURE_8_19_SI
 def embedding_wire_bytes(vectors_bytes: int, n: int) -> dict:
     """Bytes on the wire per step for ``vectors_bytes`` of looked-up vectors on ``n`` GPUs.
 
-    The book's layout: a broadcast forward and a reduce of the vectors' gradients backward;
-    the vocabulary split: one all-reduce forward, nothing backward (ring algorithms).
+    Both layouts start from the same per-rank gradients: the first tensor-parallel layer
+    hands each rank a different partial gradient of the vectors, and some collective must
+    sum them (Megatron's ``f``). Per layout, ring algorithms:
+
+    - the book's: the embedding broadcasts the vectors from A1 (forward); the reduce of the
+      partial gradients onto A1, where the table lives, is the sum (backward);
+    - the vocabulary split: the embedding all-reduces the ranks' partial lookups (forward,
+      Megatron's ``g``); the first layer's ``f`` all-reduces the partial gradients, since
+      every rank's rows need the full one (backward).
+
+    ``embedding`` is the forward collective, ``f`` the backward one; ``ops`` names them.
     """
     check_count("vectors_bytes", vectors_bytes)
     check_count("n", n)
-    broadcast = ring_wire_bytes("broadcast", vectors_bytes, n)
-    reduce = ring_wire_bytes("reduce", vectors_bytes, n)
-    return {"broadcast": {"forward": broadcast, "backward": reduce, "total": broadcast + reduce},
-            "vocab": {"forward": ring_wire_bytes("all_reduce", vectors_bytes, n),
-                      "backward": 0, "total": ring_wire_bytes("all_reduce", vectors_bytes, n)}}
+    out = {}
+    for kind, ops in (("broadcast", ("broadcast", "reduce")), ("vocab", ("all_reduce",) * 2)):
+        embedding, f = (ring_wire_bytes(op, vectors_bytes, n) for op in ops)
+        out[kind] = {"ops": ops, "embedding": embedding, "f": f, "forward": embedding,
+                     "backward": f, "total": embedding + f}
+    return out
+
+
+def split_table_reasons(config: TransformerConfig | str = GPT3_175B, tp: int = 8,
+                        optimizer: str = "adam", precision: str = "bf16") -> dict:
+    """Megatron-LM's reasons to split the word-embedding table by vocabulary, for one sequence.
+
+    - memory: the table's model states (:func:`parlab.memory.model_state_bytes`) on one GPU,
+      or 1/``tp`` of its rows on each, next to one GPU's share of a block;
+    - the output layer shares the table (tied weights): its logits GEMM, 2 x tokens x d_model
+      x vocab FLOPs forward, runs on one GPU or split like the table, next to one GPU's
+      share of a block (2 x parameters x tokens / tp, as :func:`layer_memory`);
+    - the loss over a vocabulary split across GPUs: gathering every token's fp32 logits
+      (ring all-gather) against a parallel cross-entropy that all-reduces three fp32 values
+      per token (the max logit, the target's logit, the sum of exponentials).
+    """
+    c = get_config(config)
+    check_count("tp", tp)
+    counts, tokens, rows = count_parameters(c), c.context, c.vocab * c.d_model
+
+    def states(parameters):
+        return model_state_bytes(parameters, optimizer, precision).total
+
+    logits = tokens * c.vocab * 4
+    return {"tp": tp, "tokens": tokens,
+            "table_state_bytes": states(rows),
+            "table_state_bytes_split": states(math.ceil(c.vocab / tp) * c.d_model),
+            "block_state_bytes_per_gpu": states(math.ceil(counts["block"] / tp)),
+            "head_forward_flops": 2 * tokens * c.d_model * c.vocab,
+            "block_forward_flops_per_gpu": 2 * counts["block"] * tokens // tp,
+            "logits_bytes": logits,
+            "gather_logits_wire_bytes": ring_wire_bytes("all_gather", logits, tp),
+            "parallel_loss_wire_bytes": 3 * ring_wire_bytes("all_reduce", tokens * 4, tp)}

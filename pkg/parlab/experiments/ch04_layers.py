@@ -9,10 +9,15 @@ With ``backend="toy"`` every run also returns its traffic, split into forward an
 which is what the chapter's byte counts are made of.
 
 The loss is sum(output x w) with a fixed random w, the same on every rank: the output of
-each layer here is replicated, and so is its gradient (see :mod:`parlab.tensor_parallel.mappings`). The one
-exception is the broadcast embedding, whose ranks go on to use the vectors differently,
-as the book's Q, K, V projections do: there rank r's loss uses its own w_r, and the
-reference adds up every rank's loss.
+each layer here is replicated, and so is its gradient (see :mod:`parlab.tensor_parallel.mappings`). The
+embeddings are the exception. Their ranks go on to use the vectors differently, as the
+first tensor-parallel layer (the book's Q, K, V projections) does: rank r's loss uses its
+own w_r, so every rank hands back its own partial gradient of the vectors, and the
+reference adds up every rank's loss. Both layouts start from the same per-rank gradients,
+and both must sum them: the book's broadcast does it with its reduce onto A1; the
+vocabulary split takes the vectors in through Megatron's ``f`` (:func:`copy_to_region`,
+the first layer's input), whose backward all-reduce does it. The forward collective of each
+run belongs to the embedding, the backward one is that sum (``f``).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from torch import nn
 from parlab.launch import run
 from parlab.experiments.ch04_attention import Comparison, _Phases, phase_split
 from parlab.tensor_parallel import (
-    all_gather_cat, balanced_ranges, BroadcastEmbedding, check_degree,
-    ColumnParallelLinear, merge_grads, RowParallelLinear, shard_spec, VocabParallelEmbedding
+    all_gather_cat, balanced_ranges, BroadcastEmbedding, check_degree, ColumnParallelLinear,
+    copy_to_region, merge_grads, RowParallelLinear, shard_spec, VocabParallelEmbedding
 )
 from parlab.checks import check_count
 
@@ -35,7 +40,8 @@ __all__ = ["run_embedding", "run_layer_strategy", "EMBEDDINGS", "STRATEGIES", "e
 #: The two ways chapter 04 holds a word-embedding table.
 EMBEDDINGS = {
     "broadcast": "the whole table on A1, which broadcasts the vectors (the book's default)",
-    "vocab": "each rank owns a range of token ids; an all-reduce assembles the vectors",
+    "vocab": "each rank owns a range of token ids; an all-reduce assembles the vectors, and "
+             "the first layer's f all-reduces their gradients",
 }
 #: The slide deck's three ways to split one linear layer across GPUs.
 STRATEGIES = {
@@ -92,7 +98,8 @@ def embedding_rank(kind, vocab, d_model, batch, seq, seed) -> dict:
     table, ids, weights = _embedding_setup(vocab, d_model, batch, seq, seed, size)
     if kind == "vocab":
         layer = VocabParallelEmbedding.from_embedding(table)
-        out, phases = _forward_backward(layer, ids, weights[0])
+        # the first layer's f: identity forward, all-reduce of the partial gradients backward
+        out, phases = _forward_backward(lambda i: copy_to_region(layer(i)), ids, weights[rank])
         grads = {"weight": (layer.weight.grad, layer.spec)}
     else:
         layer = BroadcastEmbedding.from_embedding(table, src=0)
@@ -114,8 +121,7 @@ def run_embedding(kind: str, vocab: int = 10, d_model: int = 4, batch: int = 2, 
                   backend=backend)
     table, ids, weights = _embedding_setup(vocab, d_model, batch, seq, seed, world_size)
     out = table(ids)
-    used = weights if kind == "broadcast" else weights[:1]  # one loss per rank that differs
-    sum((out * w).sum() for w in used).backward()
+    sum((out * w).sum() for w in weights).backward()  # one loss per rank, each its own w_r
     reference = {"output": out.detach(), "weight.grad": table.weight.grad}
     return _collect(results, reference, f"{kind} embedding", {"world_size": world_size},
                     holders=[0] if kind == "broadcast" else None)

@@ -158,7 +158,10 @@ class VocabParallelEmbedding(nn.Module):
 
     A rank looks up the ids it owns and writes zeros for the others; an all-reduce sums the
     ranks' answers, and since exactly one rank owns each id, the sum is the vector. The
-    backward pass needs no traffic: each rank's rows get the gradient of its own ids.
+    backward pass adds no traffic of its own: each rank's rows get the gradient of its own
+    ids, from the full gradient of the vectors that every rank is handed. When the next
+    layer is tensor parallel, summing its ranks' partial gradients into that full one is
+    the all-reduce of its input's ``f`` (:func:`copy_to_region`), a collective too.
     """
 
     def __init__(self, weight: torch.Tensor, spec: ShardSpec, group=None):
