@@ -441,6 +441,8 @@ print(f"8 B parameters traced in under 30 s: {seconds < 30}")
 # what they kept.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the bf16 byte counts depend on the workspace of the oneDNN LSTM kernel that runs)
 from torch import nn
 
 
@@ -459,14 +461,22 @@ torch.manual_seed(0)
 tagger = Tagger()
 words = torch.randint(0, 500, (16, 40))
 print(f"{'optimizer':<10}{'precision':<10}{'estimated':>11}{'measured':>11}{'error':>9}")
+errors = []
 for optimizer, precision in (("sgd", "fp32"), ("adam", "fp32"), ("adam", "bf16")):
     p = memory.estimate(tagger, example_input=words, optimizer=optimizer, precision=precision)
     m = memory.measure(tagger, example_input=words, optimizer=optimizer, precision=precision)
-    print(f"{optimizer:<10}{precision:<10}{p.total:>11,}{m.total:>11,}"
-          f"{100 * (m.total - p.total) / m.total:>8.3f}%")
+    errors.append(100 * (m.total - p.total) / m.total)
+    print(f"{optimizer:<10}{precision:<10}{p.total:>11,}{m.total:>11,}{errors[-1]:>8.3f}%")
+
+# %%
+print(f"estimate within 0.01 % of the measurement, all three: {max(map(abs, errors)) < 0.01}")
 
 # %% [markdown]
-# The two agree (Adam's 4-byte step counter per tensor again). The tests hold the same
+# The two agree (Adam's 4-byte step counter per tensor again). The bf16 bytes themselves
+# vary: in bf16 the CPU runs the LSTM through oneDNN, whose kernel keeps a workspace of its
+# own size, and the estimate asks oneDNN for it. We have seen two sizes on one machine, in
+# two kinds of process, and the estimate followed the measurement both times. So the table
+# is not compared between runs; the agreement is. The tests hold the same
 # comparison for models written in the tests: an MLP, a CNN with batch normalization and
 # pooling, a Llama-style block, an LSTM and a GRU, in fp32 and bf16, with SGD and Adam.
 
