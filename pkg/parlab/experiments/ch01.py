@@ -1,5 +1,6 @@
-"""Chapter 01's experiments and figure recipes: a real training step (:func:`book_step`), the
-memory calculator against 80 GB, the fewest GPUs for GPT-3, and the cost of failures.
+"""Chapter 01's experiments and figure recipes: a real training step (:func:`book_step`), where
+the datasets sit while it trains (:func:`datasets_and_batch`), the memory calculator against
+80 GB, the fewest GPUs for GPT-3, and the cost of failures.
 
 Each recipe runs or computes here and hands the result to :mod:`parlab.viz.plots`, which
 only draws.

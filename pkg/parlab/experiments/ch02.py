@@ -4,7 +4,8 @@ half of the batch, and the chapter's figures and step explorer.
 :func:`run_figure_8_2` trains :class:`parlab.models.BookMLP` that way on real ranks and keeps,
 per rank, what the figure names: its micro-batches, its local gradients, the gradients that
 came from the peer, the average, and the weights after the update, next to one process
-trained on the whole batch (:class:`BookRun`). :func:`parlab.viz.plots.figure_8_2` draws it. The figure recipes run (or model) here and
+trained on the whole batch (:class:`BookRun`). :func:`two_gpu_links` puts the same
+two-GPU exchange on each link of a rail-optimized cluster. :func:`parlab.viz.plots.figure_8_2` draws it. The figure recipes run (or model) here and
 hand the results to :mod:`parlab.viz.plots`, which only draws.
 """
 
