@@ -114,6 +114,40 @@ sgd = torch.optim.SGD(module.parameters(), lr=0.1)
 print("the learning rate is a setting of the optimizer:", sgd.param_groups[0]["lr"])
 
 # %% [markdown]
+# ### What the book adds: the datasets and the code
+#
+# The book adds that the training and test datasets and the model code have to be in GPU
+# memory as well. During training none of the three is, in that sense:
+#
+# * **The training set** stays on disk or in the host's memory. A `DataLoader` reads it on
+#   the CPU and copies one batch at a time to the GPU (usually the next one while the
+#   current one trains). What the GPU holds of it are the table's rows *training data x* and
+#   *targets*: one batch, not the set. A set small enough may be copied to the GPU whole to
+#   save those copies, but that is a choice, not a need.
+# * **The test set** takes no part in a training step. Evaluation runs between stretches of
+#   training, batch by batch, under `torch.no_grad()`: the forward pass keeps nothing for a
+#   backward pass, and there are no gradients.
+# * **The code** runs on the CPU: the Python program only launches the GPU's kernels. What
+#   the GPU does hold that is neither the model's tensors nor a batch is the CUDA context
+#   (the kernels' machine code, loaded once), the libraries' workspaces and NCCL's buffers
+#   for the exchanges. `memory.measure` counts tensors and leaves these out, so a plan has
+#   to leave room for them.
+#
+# The same network, with a training set and a test set held the way a `DataLoader` holds
+# them:
+
+# %%
+from parlab.experiments import datasets_and_batch
+
+where = datasets_and_batch(sizes=(4, 5, 5, 2), batch=8)
+print(f"training set, in host memory:      {where['train_bytes']:>8,} bytes")
+print(f"test set, in host memory:          {where['test_bytes']:>8,} bytes")
+print(f"one batch, handed to the step:     {where['batch_bytes']:>8,} bytes, shapes "
+      f"{where['batch_shapes']} (the table's x and targets rows)")
+print(f"kept for backward, training pass:  {where['saved_training']:>8,} bytes")
+print(f"kept for backward, evaluation pass under no_grad: {where['saved_evaluation']:,} bytes")
+
+# %% [markdown]
 # ### A1, one of two data-parallel GPUs
 #
 # Now the same step as GPU A1 of a pair of data-parallel replicas. A1 trains on its own half
@@ -197,14 +231,17 @@ for part in ("attention", "feed_forward", "layer_norms", "block", "blocks", "tok
              "position_embedding", "final_norm", "total"):
     print(f"{part:<20}{counts[part]:>18,}")
 glue("gpt3_attention_m", counts["attention"] / 1e6, ".2f")
+glue("gpt3_attention_rounded_m", counts["attention"] / 1e6, ".0f")
 glue("gpt3_blocks_b", counts["blocks"] / 1e9, ".0f")
 _ = glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
 
 # %% [markdown]
-# The book's 605 M is a slip: <span data-glue="gpt3_attention_m">604.03</span> M rounds down
-# to 604 M (chapter 04 shows the rounding). Its
-# "about 173 billion" for 96 blocks comes out nearer
-# <span data-glue="gpt3_blocks_b">174</span> billion; the total lands at
+# A remark on rounding: an attention layer holds
+# <span data-glue="gpt3_attention_m">604.03</span> million parameters, which round to
+# <span data-glue="gpt3_attention_rounded_m">604</span> million, so the book's "about 605
+# million" is rounded up, not to the nearest million. Its "about 173 billion" for the 96
+# blocks comes out nearer <span data-glue="gpt3_blocks_b">174</span> billion (chapter 04
+# shows the route that gives 173); the total lands at
 # <span data-glue="gpt3_total_b">174.6</span> billion, "about 175 billion".
 #
 # The same formula describes a real PyTorch model. `build_model` makes a GPT-style decoder
@@ -299,9 +336,32 @@ answer_01_2 = ...
 check("01.2", answer_01_2)
 
 # %%
+import math
+
+from parlab.units import GB
+
 plan = memory.min_gpus(GPT3_175B, (8, 2048), optimizer="adam", precision="bf16")
 print(plan)
 print(plan.breakdown.table())
+whole = memory.estimate(GPT3_175B, (8, 2048), optimizer="adam", precision="bf16")  # one GPU
+states = whole.total - whole.activations
+print(f"\non one GPU: model states {states / GB:,.0f} GB + activations "
+      f"{whole.activations / GB:,.0f} GB = {whole.total / GB:,.0f} GB")
+print(f"split perfectly over {plan.breakdown.capacity / GB:.0f} GB GPUs: the states alone on "
+      f"{math.ceil(states / plan.breakdown.capacity)}, with the activations on {plan.ideal}")
+glue("states_gpus", math.ceil(states / plan.breakdown.capacity))
+glue("states_gb", states / GB, ",.0f")
+glue("whole_activations_gb", whole.activations / GB, ",.0f")
+glue("ideal_gpus", plan.ideal)
+_ = glue("plan_gpus", plan.gpus)
+
+# %% [markdown]
+# Exercise 01.2's <span data-glue="states_gpus">35</span> GPUs hold the model states alone
+# (<span data-glue="states_gb">2,794</span> GB); the search's "perfect even split" of
+# <span data-glue="ideal_gpus">51</span> adds the activations of its batch,
+# <span data-glue="whole_activations_gb">1,240</span> GB. No real split is that even: the
+# search cuts whole layers into stages and the heads into powers of two, and it needs
+# <span data-glue="plan_gpus">64</span> GPUs before its busiest one fits.
 
 # %% [markdown]
 # ### Why chapter 05 needs more GPUs per model copy
@@ -637,14 +697,21 @@ mtbf, write = 8, 10  # hours between failures, minutes per checkpoint
 glue("mtbf_hours", mtbf)
 glue("write_minutes", write)
 best = young_interval(mtbf_hours=mtbf, checkpoint_minutes=write)
-for interval in (None, mtbf, mtbf // 2, round(best, 2), 0.5):
+for interval in (None, mtbf, mtbf // 2, best, 0.5):
     w = expected_waste(run, mtbf_hours=mtbf, interval_hours=interval, checkpoint_minutes=write)
-    label = "never" if interval is None else f"every {interval} h"
+    label = "never" if interval is None else f"every {interval:g} h"
+    if interval == best:
+        label, at_best = f"every {best:.2f} h (Young)", w
     cost = "the run never finishes" if w.wasted_usd > 1e12 else f"${w.wasted_usd:>12,.0f}"
-    print(f"checkpoint {label:<16} expected waste: {cost}")
+    print(f"checkpoint {label:<22} expected waste: {cost}")
+glue("young_hours", best, ".2f")
+_ = glue("young_waste_usd", at_best.wasted_usd, ",.0f")
 
 # %% [markdown]
-# Change the run and the failure rate:
+# Young's interval, <span data-glue="young_hours">1.63</span> hours (printed rounded; the
+# waste is computed at the unrounded interval), costs the least of these:
+# $<span data-glue="young_waste_usd">795,235</span>, the same figure the explorer below
+# prints for its opening setting. Change the run and the failure rate there:
 
 # %%
 energy_explorer()

@@ -41,7 +41,8 @@
 # 5. pack gradients into buckets and see why frameworks do it;
 # 6. count the bytes each GPU sends, with the ring and the naive all-reduce, and scale the
 #    count to thousands of GPUs;
-# 7. make one transfer fail and watch the job stop instead of silently going wrong, then
+# 7. see which link (NVLink, PCIe, InfiniBand, Ethernet) carries the exchange, then make one
+#    transfer fail and watch the job stop instead of silently going wrong, then
 #    resume from a checkpoint;
 # 8. along the way, predict three numbers before the cell that prints them, and at the end
 #    write the averaging step yourself.
@@ -158,11 +159,12 @@ print("equal to one process:", summed.max_difference() < 1e-6)
 #   same sum and divides it by N itself, so all ranks already hold the same average. Only a
 #   scheme that first reduces to one GPU, which averages, needs a broadcast of the result
 #   back (chapter 03 makes the same point for Figure 8-14).
-# * With more than two ranks, the all-gather version leaves each rank to add up its peers'
-#   gradients in its own order, and floating-point addition is not associative, so
-#   replicas can differ in the last bits. An all-reduce returns the very same sum to every
-#   rank; that is one reason production code uses it. The output below depends on the
-#   CPU's floating-point kernels, so nbval ignores it.
+#
+# And one remark on the run itself: with more than two ranks, the all-gather version leaves
+# each rank to add up its peers' gradients in its own order, and floating-point addition is
+# not associative, so replicas can differ in the last bits. An all-reduce returns the very
+# same sum to every rank; that is one reason production code uses it. The output below
+# depends on the CPU's floating-point kernels, so nbval ignores it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -222,12 +224,13 @@ reference = dp.reference(spec)
 runs = {n: dp.train(spec, n, segments=segments, progress=True) for n in world_sizes}
 
 # %%
+from parlab.models import max_difference
 from parlab.viz.plots import loss_curves
 
 for n, ranks in runs.items():
-    identical = all(dp.max_difference(r.state, ranks[0].state) == 0 for r in ranks)
+    identical = all(max_difference(r.state, ranks[0].state) == 0 for r in ranks)
     print(f"{n} rank(s): replicas identical: {identical}; equal to one process (1e-6): "
-          f"{dp.max_difference(ranks[0].state, reference.state) < 1e-6}; "
+          f"{max_difference(ranks[0].state, reference.state) < 1e-6}; "
           f"final loss {sum(r.losses[-1] for r in ranks) / n:.4f} "
           f"(one process: {reference.losses[-1]:.4f})")
 show(loss_curves(runs, reference.losses))
@@ -259,11 +262,11 @@ hand = dp.train(short, 2)
 ddp = dp.train(short, 2, engine="ddp")
 one = dp.reference(short)
 print("                      hand-built   DDP")
-print("replicas identical   ", *(f"{dp.max_difference(r[0].state, r[1].state) == 0!s:<12}"
+print("replicas identical   ", *(f"{max_difference(r[0].state, r[1].state) == 0!s:<12}"
                                for r in (hand, ddp)))
-print("= one process (1e-6) ", *(f"{dp.max_difference(r[0].state, one.state) < 1e-6!s:<12}"
+print("= one process (1e-6) ", *(f"{max_difference(r[0].state, one.state) < 1e-6!s:<12}"
                                for r in (hand, ddp)))
-print("hand-built = DDP (1e-6):", dp.max_difference(hand[0].state, ddp[0].state) < 1e-6)
+print("hand-built = DDP (1e-6):", max_difference(hand[0].state, ddp[0].state) < 1e-6)
 _ = glue("ddp_steps", short.steps)
 
 # %% [markdown]
@@ -312,7 +315,7 @@ for cap in caps:
     calls[cap] = ranks[0].calls[0]
     print(f"bucket cap {cap!s:>7} bytes: {ranks[0].calls[0]} all-reduce calls, "
           f"{ranks[0].sync_bytes[0]} bytes per step, equal to one process: "
-          f"{dp.max_difference(ranks[0].state, dp.reference(spec.replace(steps=2)).state) < 1e-6}")
+          f"{max_difference(ranks[0].state, dp.reference(spec.replace(steps=2)).state) < 1e-6}")
 glue("buckets_calls_none", calls[None])
 glue("buckets_cap", caps[1])
 glue("buckets_calls_cap", calls[caps[1]])
@@ -572,7 +575,70 @@ from parlab.viz.widgets import scaling_explorer
 scaling_explorer()
 
 # %% [markdown]
-# ## 8. Lossless matters
+# ## 8. The links, and lossless transport
+#
+# ### Which link carries the exchange
+#
+# The book names the links the gradients can take: PCIe and NVLink inside a server,
+# InfiniBand, Ethernet and "wireless" between servers. What each carries today, per
+# direction:
+#
+# * **NVLink**: <span data-glue="links_nvlink_gbs">450</span> GB/s for each H100 to the
+#   other GPUs of its server, through the server's NVSwitches (`parlab.hardware`).
+# * **PCIe**: an H100's PCIe Gen5 x16 link carries 128 GB/s counting both directions,
+#   64 GB/s each way (NVIDIA's H100 datasheet). In an NVLink server it joins the GPU to the
+#   host and to its NIC, and GPUDirect RDMA lets the NIC read the GPU's memory across it
+#   without a copy through the host; GPUs without NVLink exchange over PCIe itself.
+# * **InfiniBand and Ethernet**: one NIC per GPU of
+#   <span data-glue="links_nic_gbps">400</span> Gb/s, that is
+#   <span data-glue="links_nic_gbs">50</span> GB/s each way (`parlab.comm.topology`: an NDR
+#   InfiniBand port, or Ethernet at the same speed carrying RDMA as RoCE). NVLink is
+#   <span data-glue="links_ratio">9</span> times faster. Both fabrics are built to lose
+#   almost nothing, for the reasons below.
+# * **"Wireless"**: no training cluster joins its servers by radio. A radio channel is
+#   shared by everyone on it, loses frames to interference and resends them, and its
+#   latency varies from frame to frame: the opposite of what the book itself asks of the
+#   network, low latency and no loss. Wireless does carry distributed learning of another
+#   kind, federated learning across phones, which exchanges updates rarely and copes with
+#   devices that drop out.
+#
+# The book also says that in the two-GPU example the GPUs "can use 100% of their NICs".
+# Whether a NIC is used at all depends on where A1 and A2 sit. The rail-optimized layout of
+# Figure 8-19 (chapter 04), here with servers of
+# <span data-glue="links_per_server">8</span> GPUs, each GPU with its own NIC on its own
+# rail, gives each pair its link; the exchange is the all-reduce of GPT-2
+# small's fp32 gradient from section 5, <span data-glue="links_grad_mb">498</span> MB.
+
+# %%
+from parlab.comm import NVLINK, nic
+from parlab.experiments import two_gpu_links
+from parlab.hardware import NIC_GBPS
+
+gpt2_grad = 4 * sum(p.numel() for p in gpt2)  # fp32 gradient of GPT-2 small (section 5)
+per_server = 8  # GPUs per server
+links = two_gpu_links(gpt2_grad, nic_gbps=NIC_GBPS, gpus_per_server=per_server)
+print(links.to_string(index=False))
+glue("links_nvlink_gbs", NVLINK.bandwidth / 1e9, ".0f")
+glue("links_nic_gbps", NIC_GBPS)
+glue("links_nic_gbs", nic(NIC_GBPS).bandwidth / 1e9, ".0f")
+glue("links_ratio", NVLINK.bandwidth / nic(NIC_GBPS).bandwidth, ".0f")
+glue("links_per_server", per_server)
+glue("links_grad_mb", gpt2_grad / 1e6, ".0f")
+rail = links[links["link"] == "rail"].iloc[0]
+glue("links_rail_busy", rail["port busy (%)"], ".1f")
+_ = glue("links_speedup", rail["all-reduce (ms)"] / links.iloc[0]["all-reduce (ms)"], ".0f")
+
+# %% [markdown]
+# On two servers the claim holds, NIC by NIC. Each GPU has its own NIC; in a ring of two it
+# sends half of the gradient and receives the other half in each of the two steps, both at
+# once, so its NIC is busy in both directions for
+# <span data-glue="links_rail_busy">100.0</span> % of the exchange. Across the spine
+# (A1 and B2, different rails) the bytes are the same and only the latency grows. In one
+# server the same pair talks over NVLink, <span data-glue="links_speedup">9</span> times
+# faster, and the NICs carry nothing at all. In a server with fewer NICs than GPUs, the
+# GPUs that share a NIC divide it, and none of them can use all of it.
+#
+# ### Lossless matters
 #
 # The chapter asks for lossless transport, because training pauses if even one packet goes
 # missing during the synchronization, and without a snapshot it must start over. Two
@@ -644,7 +710,7 @@ _ = glue("fail_last_update", max(last_update))
 lose_rank, lose_step = lose_at = (1, 2)
 drifted = dp.train(spec.replace(steps=10), 2, lose_at=lose_at)
 print("replicas differ after the silent loss (by more than 1e-4):",
-      dp.max_difference(drifted[0].state, drifted[1].state) > 1e-4)
+      max_difference(drifted[0].state, drifted[1].state) > 1e-4)
 glue("lose_rank", lose_rank)
 _ = glue("lose_step", lose_step)
 
@@ -662,7 +728,7 @@ resumed = dp.train(faulty, 2, start=start)
 uninterrupted = dp.train(faulty, 2)
 print(f"resumed from the checkpoint after step {start['step']}, ran {len(resumed[0].losses)} steps")
 print("final weights equal to an uninterrupted run:",
-      dp.max_difference(resumed[0].state, uninterrupted[0].state) == 0)
+      max_difference(resumed[0].state, uninterrupted[0].state) == 0)
 glue("resume_from", start["step"])
 glue("resume_first", start["step"] + 1)
 _ = glue("resume_last", start["step"] + len(resumed[0].losses))

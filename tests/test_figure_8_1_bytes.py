@@ -73,3 +73,16 @@ def test_only_w_and_b_are_parameters():
     assert module_params == w_b == sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
     others = {r.key for r in rows if r.nbytes and r.key not in ("W", "b")}
     assert {"z", "y", "E", "local_grad_W", "remote_grad_W", "lr", "delta_W"} <= others
+
+
+def test_the_datasets_stay_in_host_memory_and_a_step_gets_one_batch():
+    from parlab.experiments import datasets_and_batch
+    where = datasets_and_batch(sizes=SIZES, train_samples=1000, test_samples=200, batch=8)
+    per_sample = (SIZES[0] + SIZES[-1]) * 4                 # x and target, fp32
+    assert where["train_bytes"] == 1000 * per_sample
+    assert where["test_bytes"] == 200 * per_sample
+    assert where["batch_bytes"] == 8 * per_sample
+    assert where["batch_shapes"] == ((8, SIZES[0]), (8, SIZES[-1]))
+    # training keeps x and each hidden layer's activations (the linear layers share them)
+    assert where["saved_training"] == 8 * (SIZES[0] + sum(SIZES[1:-1])) * 4
+    assert where["saved_evaluation"] == 0

@@ -46,3 +46,18 @@ def test_link_numbers():
 def test_bad_arguments_say_what_is_valid(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_two_gpus_each_use_all_of_their_own_nic_only_across_servers():
+    from parlab.experiments import two_gpu_links
+    links = two_gpu_links(1e9, nic_gbps=400).set_index("pair")
+    assert list(links["link"]) == ["nvlink", "rail", "spine"]
+    # a ring of two: 2 steps, each GPU sends half of the 1 GB in each while receiving half
+    assert links.loc["A1-B1", "bytes through each NIC"] == 0
+    assert links.loc["A1-A2", "bytes through each NIC"] == 1e9
+    assert links.loc["A1-B1", "all-reduce (ms)"] == pytest.approx(2 * (1e-6 + 0.5 / 450) * 1e3,
+                                                                 abs=0.01)
+    assert links.loc["A1-A2", "all-reduce (ms)"] == pytest.approx(2 * (2e-6 + 0.5 / 50) * 1e3,
+                                                                 abs=0.01)
+    assert links.loc["A1-B2", "GB/s each way"] == 50
+    assert links.loc["A1-A2", "port busy (%)"] == pytest.approx(100 * 0.02 / 0.020004, abs=0.1)

@@ -18,8 +18,10 @@ draws. Imports every subpackage below it, viz included.
 """
 
 from parlab.experiments.ch00 import collective_explorer, draw_collective
-from parlab.experiments.ch01 import book_step, model_sizes_figure
-from parlab.experiments.ch02 import book_step_explorer, BookRun, FIGURE_8_2, run_figure_8_2
+from parlab.experiments.ch01 import book_step, datasets_and_batch, model_sizes_figure
+from parlab.experiments.ch02 import (
+    book_step_explorer, BookRun, FIGURE_8_2, run_figure_8_2, two_gpu_links
+)
 from parlab.experiments.ch03 import BOOK_ACTIVE_PERCENT, BOOK_STEPS, errata, Erratum
 from parlab.experiments.ch04_attention import Comparison, run_attention, run_ffn
 from parlab.experiments.ch04_layers import run_embedding, run_layer_strategy, STRATEGIES
@@ -35,8 +37,9 @@ from parlab.experiments.ch05_summary import summary_table, summary_text, Summary
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize
 from parlab.experiments.ch06 import stage_table
 
-__all__ = ["collective_explorer", "draw_collective", "book_step", "model_sizes_figure",
-           "FIGURE_8_2", "BookRun", "run_figure_8_2", "book_step_explorer", "BOOK_STEPS",
+__all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_batch",
+           "model_sizes_figure", "FIGURE_8_2", "BookRun", "run_figure_8_2", "book_step_explorer",
+           "two_gpu_links", "BOOK_STEPS",
            "BOOK_ACTIVE_PERCENT", "Erratum", "errata", "Comparison", "run_attention", "run_ffn",
            "STRATEGIES", "run_embedding", "run_layer_strategy", "run_mlp", "BOOK_SAYS",
            "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table",

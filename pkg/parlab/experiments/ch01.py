@@ -1,5 +1,6 @@
-"""Chapter 01's experiments and figure recipes: a real training step (:func:`book_step`), the
-memory calculator against 80 GB, the fewest GPUs for GPT-3, and the cost of failures.
+"""Chapter 01's experiments and figure recipes: a real training step (:func:`book_step`), where
+the datasets sit while it trains (:func:`datasets_and_batch`), the memory calculator against
+80 GB, the fewest GPUs for GPT-3, and the cost of failures.
 
 Each recipe runs or computes here and hands the result to :mod:`parlab.viz.plots`, which
 only draws.
@@ -14,7 +15,7 @@ from parlab.models import BookMLP, CONFIGS
 from parlab.viz import figure
 from parlab.viz.plots import checkpoint_curve, figure_8_1, memory_bars, memory_split
 
-__all__ = ["book_step", "model_sizes_figure", "gpt3_split_figure"]
+__all__ = ["book_step", "datasets_and_batch", "model_sizes_figure", "gpt3_split_figure"]
 
 
 def book_step(sizes=(4, 5, 5, 2), batch: int = 8, seed: int = 0,
@@ -40,6 +41,53 @@ def book_step(sizes=(4, 5, 5, 2), batch: int = 8, seed: int = 0,
     mlp.step(x[:half].clone(), target[:half].clone(), exchange=lambda local: peer.local_grads(),
              world_size=2)
     return mlp
+
+
+def datasets_and_batch(sizes=(4, 5, 5, 2), train_samples: int = 10_000,
+                       test_samples: int = 2_000, batch: int = 8, seed: int = 0) -> dict:
+    """Where the book's "training and test datasets" are while a network trains.
+
+    Both sets live in host memory, as a ``DataLoader`` keeps them; one training step is handed
+    one batch (what a GPU would be sent). Returns the bytes of each set and of that batch,
+    and what autograd keeps for a backward pass (``saved_tensors_hooks``; the weights, kept
+    anyway, left out) in a training forward pass and in an evaluation pass over a test batch under ``torch.no_grad``.
+    """
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+
+    def dataset(n):
+        return TensorDataset(torch.randn(n, sizes[0], generator=g),
+                             torch.randn(n, sizes[-1], generator=g))
+
+    train, test = dataset(train_samples), dataset(test_samples)
+    x, target = next(iter(DataLoader(train, batch_size=batch, shuffle=True, generator=g)))
+    test_x, _ = next(iter(DataLoader(test, batch_size=batch)))
+    model = BookMLP(sizes, seed=seed).to_torch()
+
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved_bytes(inputs, grad):
+        saved = {}  # storage -> bytes: the tensors saved for backward, weights left out
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weights:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.set_grad_enabled(grad):
+                model(inputs)
+        return sum(saved.values())
+
+    def nbytes(ds):
+        return sum(t.numel() * t.element_size() for t in ds.tensors)
+
+    return {"train_bytes": nbytes(train), "test_bytes": nbytes(test),
+            "batch_shapes": (tuple(x.shape), tuple(target.shape)),
+            "batch_bytes": x.numel() * x.element_size() + target.numel() * target.element_size(),
+            "saved_training": saved_bytes(x, True), "saved_evaluation": saved_bytes(test_x, False)}
 
 
 @figure("fig-8-01-gpu-memory", "Figure 8-1: what one GPU keeps during a real training step")

@@ -4,7 +4,8 @@ half of the batch, and the chapter's figures and step explorer.
 :func:`run_figure_8_2` trains :class:`parlab.models.BookMLP` that way on real ranks and keeps,
 per rank, what the figure names: its micro-batches, its local gradients, the gradients that
 came from the peer, the average, and the weights after the update, next to one process
-trained on the whole batch (:class:`BookRun`). :func:`parlab.viz.plots.figure_8_2` draws it. The figure recipes run (or model) here and
+trained on the whole batch (:class:`BookRun`). :func:`two_gpu_links` puts the same
+two-GPU exchange on each link of a rail-optimized cluster. :func:`parlab.viz.plots.figure_8_2` draws it. The figure recipes run (or model) here and
 hand the results to :mod:`parlab.viz.plots`, which only draws.
 """
 
@@ -12,20 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
+from parlab.comm import allreduce_bytes_per_rank, allreduce_time, rail_optimized
 from parlab.data_parallel import (
     GradientExchange, gradient_bytes, make_batch, replica_names, split_batch, sync_scaling,
     traffic_table, TrainSpec
 )
+from parlab.hardware import NIC_GBPS
 from parlab.launch import run
 from parlab.models import BookMLP, GPT3_175B, count_parameters
 from parlab.viz import Explorer, explore, figure
 from parlab.viz.plots import figure_8_2, scaling_figure, traffic_figure
 
 __all__ = ["FIGURE_8_2", "BookRun", "run_figure_8_2", "format_tensor", "draw_book_step",
-           "book_step_explorer"]
+           "book_step_explorer", "two_gpu_links"]
 
 
 #: The run of Figure 8-2: 8 micro-batches of 2 samples, split 4 + 4 over A1 and A2.
@@ -142,6 +146,31 @@ def book_step_explorer(ranks: int = 2, how: str = "all_gather",
         "steps": w.IntSlider(value=steps, min=1, max=10, description="steps"),
     }
     return explore(draw_book_step, controls, "Figure 8-2 on real ranks (replicas, exchange, steps)")
+
+
+def two_gpu_links(nbytes: float, nic_gbps: float = NIC_GBPS,
+                  gpus_per_server: int = 8) -> pd.DataFrame:
+    """Figure 8-2's exchange, a ring all-reduce of ``nbytes`` between two GPUs, on each path of
+    a rail-optimized cluster (two servers of ``gpus_per_server`` GPUs, NVLink inside, one NIC
+    per GPU).
+
+    Per pair: the link the topology gives it, its speed each way, the bytes each GPU's NIC
+    sends (and receives), the modelled time (:func:`parlab.comm.allreduce_time`), and the
+    share of that time each GPU's port is busy sending, while it receives as much.
+    """
+    cluster = rail_optimized(servers=2, gpus_per_server=gpus_per_server, nic_gbps=nic_gbps)
+    sent = allreduce_bytes_per_rank(nbytes, 2)[0]
+    rows = []
+    for a, b, where in (("A1", "B1", "one server"), ("A1", "A2", "two servers, one rail"),
+                        ("A1", "B2", "two servers, two rails")):
+        link = cluster.link(a, b)
+        seconds = allreduce_time(nbytes, 2, "ring", link)
+        rows.append({"pair": f"{a}-{b}", "where": where, "link": cluster.link_type(a, b),
+                     "GB/s each way": link.bandwidth / 1e9,
+                     "bytes through each NIC": 0 if link.name == "nvlink" else round(sent),
+                     "all-reduce (ms)": round(seconds * 1e3, 2),
+                     "port busy (%)": round(100 * sent / link.bandwidth / seconds, 1)})
+    return pd.DataFrame(rows)
 
 
 @figure("fig-8-02-data-parallel", "Figure 8-2 for real: A1 and A2, 4 + 4 micro-batches, gloo")
