@@ -29,8 +29,10 @@
 # 3. slide through the eleven time steps (Figures 8-3 to 8-13);
 # 4. run the schedule for real on <span data-glue="s4_ranks">4</span> ranks and compare the
 #    ranks' logs with the table, and their gradients with ordinary one-process training;
-#    then look at the run's real timeline, as Perfetto shows it;
-# 5. compare the schedules that came after the book's: GPipe, 1F1B, interleaved 1F1B;
+#    update the weights after the last micro-batch and see where the next iteration can
+#    start; then look at the run's real timeline, as Perfetto shows it;
+# 5. compare the schedules that came after the book's: GPipe, 1F1B, interleaved 1F1B, and
+#    run the first two on the same ranks;
 # 6. run <span data-glue="hyb_replicas">2</span> pipelines side by side on
 #    <span data-glue="hyb_ranks">8</span> ranks, with their gradients synchronized
 #    (Figure 8-14);
@@ -185,6 +187,16 @@ show(step_figure(sim, doubled[2][0]))
 # rank walks the same ordered list of transfers, so two ranks that send to each other in
 # the same step cannot deadlock.
 #
+# The book says that y and E travel by RDMA (Remote Direct Memory Access). With RDMA the
+# network card reads the tensor straight out of the sending GPU's memory and writes it into
+# the receiving GPU's memory: no CPU copies it and the operating system is not on the path
+# (for GPUs this is GPUDirect RDMA, over InfiniBand or RoCE). On a cluster, `dist.send` and
+# `dist.recv` on the NCCL backend take that path between servers where the cards and
+# drivers allow it, and NVLink between GPUs of one server. Here the ranks are processes on
+# one machine: gloo hands the same tensors over through the operating system's sockets, and
+# the toy backend (below) logs each message and passes it on over gloo. The transport
+# differs; what moves, from which GPU to which, and how many bytes, does not.
+#
 # Each rank logs what it computed and what it sent. `execute` checks two things:
 #
 # * the log must equal the simulated table, action by action and transfer by transfer;
@@ -195,7 +207,7 @@ show(step_figure(sim, doubled[2][0]))
 # %%
 from parlab.pipeline import execute
 
-run = execute(book)
+run = execute(book, lr=0.5)
 print(run.report())
 print()
 print(run.log_text(2))
@@ -214,12 +226,55 @@ _ = glue("net_mb_size", run.net.samples // book.microbatches)
 # The loss is the squared error averaged over all <span data-glue="net_samples">8</span>
 # samples. Each micro-batch adds its share, so the backward passes of the micro-batches add
 # up to exactly the gradient of the whole batch.
-# GPipe and 1F1B (next section) also run on the same ranks:
+#
+# What does one backward action leave on a GPU? The error E of its micro-batch, which it
+# sends back, and the gradient G of its own layer, which stays. The book's figures write
+# "x3" above G1 on B2, and its text explains the mark: the gradients are computed for every
+# weight on a neuron's inputs, the bias included, and again for each of the four
+# micro-batches. So "x3" counts gradients; it does not name micro-batch x3, which reaches B2
+# only a step later: in step <span data-glue="s1_b2_first">5</span>, where B2 computes G1, it
+# also runs the forward pass of x2. In this network the count per neuron is its number of
+# inputs plus one. The run's gradients, layer by layer:
 
 # %%
-runs = {name: execute(schedule(name, stages=4, microbatches=4)) for name in ("gpipe", "1f1b")}
-for name, other in runs.items():
-    print(other.report())
+print(run.gradient_table())
+
+# %% [markdown]
+# PyTorch adds each micro-batch's gradients into the same `.grad` tensors, so after its last
+# backward a GPU holds its layer's gradient for the whole batch.
+#
+# ### After the last micro-batch: the update and the next iteration
+#
+# The book closes its eleven steps this way: once A1 has the gradients of the last
+# micro-batch, the weights are adjusted and the second iteration's forward pass begins. The
+# run above did the update too: `execute(book, lr=...)` has each rank take one SGD step,
+# w − lr·G, on its own layer as soon as its own last backward is done. No gradient leaves
+# its GPU for this, since each layer lives on one GPU only (Figure 8-14, in section 6, adds
+# copies and with them an exchange). When each GPU updated, and where the next iteration
+# can start:
+
+# %%
+print(run.update_table())
+flush = run.simulation.next_iteration()
+glue("s4_next_a1", flush[0][1])
+glue("s4_b2_last", flush[-1][0])
+glue("s4_b2_next", flush[-1][1])
+_ = glue("s4_b2_wait", flush[-1][1] - flush[-1][0] - 1)
+
+# %% [markdown]
+# Each GPU updates on its own schedule, B2 first and A1 last, and the new weights equal one
+# process's SGD step on the whole batch. The next batch can only enter through A1, with A1's
+# new weights, so its x1 runs in step <span data-glue="s4_next_a1">12</span> and the other
+# GPUs follow one step apart. B2, finished since step
+# <span data-glue="s4_b2_last">8</span>, first works again in step
+# <span data-glue="s4_b2_next">15</span>: <span data-glue="s4_b2_wait">6</span> idle steps.
+# The draining of one iteration and the filling of the next never overlap. The pipeline is
+# *flushed* between iterations, so the bubble that section 5 measures is paid again at every
+# iteration. GPipe and 1F1B flush the same way (1F1B with a flush is what Narayanan et al.
+# call PipeDream-Flush). PipeDream's asynchronous schedule lets the next batch in before the
+# update, at the price of keeping older versions of the weights for the micro-batches still
+# in flight. The run stops after one iteration; the table's last two columns come from the
+# same schedule (`Simulation.next_iteration`), shifted as little as the updates allow.
 
 # %% [markdown]
 # ### The traffic, as the network sees it
@@ -305,6 +360,11 @@ show(trace_figure(trace, sim))
 # %% [markdown]
 # ## 5. Bubbles and memory: naive, GPipe, 1F1B, interleaved
 #
+# Two letters serve this whole section: **p**, the number of pipeline stages, one per GPU
+# (the book's p = <span data-glue="s4_ranks">4</span>: A1, A2, B1, B2), and **m**, the
+# number of micro-batches a batch is cut into (the book's m =
+# <span data-glue="net_mb">4</span>: x1 to x4).
+#
 # The chapter's schedule was one of several answers to a simple problem. Without
 # micro-batches (**naive** model parallelism), one GPU works while the others wait.
 # Every idle cell in the Gantt chart is a **bubble**. The schedules that followed the
@@ -328,9 +388,21 @@ show(trace_figure(trace, sim))
 #   than v; the count is measured below.
 #
 # **Bubble fraction**, here and in the package, means idle slots divided by all slots: a
-# slot is one GPU during one time step.
+# slot is one GPU during one time step. **Peak in-flight** is the memory side: for each GPU,
+# the most micro-batches it has run forward but not yet backward at the same moment. Each of
+# them keeps its activations on that GPU until its backward pass. (For the interleaved
+# schedule it counts (chunk, micro-batch) pairs.) The summaries below print both.
 #
-# **Exercise 03.1 (predict first).** Section 4 ran GPipe on p = 4 ranks with m = 4
+# First, GPipe and 1F1B run for real on the same <span data-glue="s4_ranks">4</span> ranks
+# as the book's schedule, with the same network and batch, and are checked the same way:
+
+# %%
+runs = {name: execute(schedule(name, stages=4, microbatches=4)) for name in ("gpipe", "1f1b")}
+for name, other in runs.items():
+    print(other.report())
+
+# %% [markdown]
+# **Exercise 03.1 (predict first).** The cell above ran GPipe on p = 4 ranks with m = 4
 # micro-batches; its report gave the number of time steps. Now double the micro-batches:
 # GPipe on p = 4 stages with m = 8. What fraction of its (GPU, time step) slots is idle?
 # The notebook prints it further down in this section. Replace the `...` and run the cell;
@@ -643,7 +715,7 @@ from parlab.pipeline import our_action_order, torch_pipelining
 torch_runs = torch_pipelining(("gpipe", "1f1b"), stages=4, microbatches=4)
 for kind, theirs in torch_runs.items():
     print(f"{kind}: largest gradient difference from our executor below 1e-6: "
-          f"{theirs.difference(runs[kind]) < 1e-6}")  # runs: our executor's, from section 4
+          f"{theirs.difference(runs[kind]) < 1e-6}")  # runs: our executor's, from section 5
 
 # %%
 glue("s7_stages", torch_runs["1f1b"].stages)

@@ -15,12 +15,14 @@
 # %% [markdown]
 # # 06 · Beyond the book: sharded data parallelism (ZeRO, FSDP) and recomputation
 #
-# The chapter ends with three ways to split training: data, pipeline and tensor
-# parallelism. Open a training stack today and the first thing you meet is a fourth, built
-# on the first: **sharded data parallelism**. DeepSpeed calls it ZeRO (Rajbhandari et al.,
-# 2020), PyTorch calls it FSDP. It keeps data parallelism's simple recipe (every GPU runs
-# the whole model on its own slice of the batch) but drops its most wasteful habit: every
-# GPU keeping a full copy of the parameters, the gradients and the optimizer state.
+# The book's chapter introduces four ways to split training: data, model, pipeline and
+# tensor parallelism (its model parallelism puts different layers on different GPUs, the
+# split that chapter 03's pipeline keeps busy). Open a training stack today and the first
+# thing you meet is one more, built on the first: **sharded data parallelism**. DeepSpeed
+# calls it ZeRO (Rajbhandari et al., 2020), PyTorch calls it FSDP. It keeps data
+# parallelism's simple recipe (every GPU runs the whole model on its own slice of the batch)
+# but drops its most wasteful habit: every GPU keeping a full copy of the parameters, the
+# gradients and the optimizer state.
 #
 # In this notebook you will:
 #
@@ -143,7 +145,7 @@ print(f"{shard.numel} parameters padded to {shard.padded}")
 # NBVAL_IGNORE_OUTPUT
 from parlab.experiments import stage_table
 
-problem, world_sizes = sharded.ShardSpec(), (2, 4)
+problem, world_sizes = sharded.ZeroSpec(), (2, 4)
 table = stage_table(world_sizes=world_sizes, spec=problem, progress=True)
 
 # %% [markdown]
@@ -221,8 +223,8 @@ glue("zero3_ratio", sent[("ZeRO-3", 4)] / sent[("ZeRO-0", 4)], ".2f")
 # collective by collective (the log's call numbers matched with what each rank was doing):
 
 # %%
-spec, timeline_ranks = sharded.ShardSpec(steps=1), 2
-one_step = sharded.train(3, timeline_ranks, spec, backend="toy").collectives()
+spec, timeline_ranks = sharded.ZeroSpec(steps=1), 2
+one_step = sharded.train_zero(3, timeline_ranks, spec, backend="toy").collectives()
 print(one_step.to_string(index=False))
 show(zero3_timeline_figure(one_step, len(spec.sizes) - 1))
 _ = glue("timeline_ranks", timeline_ranks)

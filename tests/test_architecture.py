@@ -42,10 +42,11 @@ LAYERS = [("units", "checks", "hardware"), "launch", "comm", "models", "memory",
 #: the list complete.
 RANK_STARTERS = frozenset({
     "run", "run_with_traffic", "execute", "pipeline_data_parallel", "torch_pipelining", "run_3d",
-    "train", "train_fsdp", "launch_spec", "measure_traffic", "traffic_table", "layer_traffic",
-    "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn", "run_layer_strategy", "run_mlp",
-    "run_embedding", "run_figure_8_2", "stage_table", "collective_explorer", "strategy_explorer",
-    "book_step_explorer", "run_zero_tensor", "zero_tensor_rank"})
+    "train", "train_zero", "train_fsdp", "launch_spec", "measure_traffic", "traffic_table",
+    "layer_traffic", "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn",
+    "run_layer_strategy", "run_mlp", "run_embedding", "run_figure_8_2", "stage_table",
+    "collective_explorer", "strategy_explorer", "book_step_explorer", "run_zero_tensor",
+    "zero_tensor_rank"})
 #: The only functions (and classes) of the layers below viz that a drawing (``viz`` but its
 #: widgets) may call: notation and units that format a result (``Action`` is the key that
 #: ``action_code`` names), and the fixed cluster Figure 8-19 is drawn on. Every other function

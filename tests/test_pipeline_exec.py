@@ -7,16 +7,17 @@ import torch
 
 from parlab.hybrid import pipeline_data_parallel
 from parlab.pipeline import execute, reference, schedule, torch_pipelining
-from parlab.pipeline import Network, simulate
+from parlab.pipeline import Execution, Network, simulate
 from parlab.pipeline import our_action_order
 
 TOLERANCE = 1e-6
+LR = 0.5
 
 
 @pytest.fixture(scope="module")
 def runs():
     """The three schedules the issue names, each run once on 4 gloo ranks."""
-    return {name: execute(schedule(name, stages=4, microbatches=4))
+    return {name: execute(schedule(name, stages=4, microbatches=4), lr=LR)
             for name in ("book", "gpipe", "1f1b")}
 
 
@@ -42,6 +43,49 @@ def test_gradients_equal_single_process_training(runs, name):
         torch.testing.assert_close(run.grads[layer], (dw, db), atol=TOLERANCE, rtol=0)
     assert abs(run.loss - loss) < TOLERANCE
     assert max(float(dw.abs().max()) for dw, _ in grads.values()) > 1e-3  # not trivially zero
+
+
+@pytest.mark.parametrize("name", ["book", "gpipe", "1f1b"])
+def test_each_rank_updates_its_layers_once_the_batch_is_done(runs, name):
+    """w - lr * dW by hand, from the untouched initial weights and one process's gradients."""
+    run = runs[name]
+    grads, _ = reference(Network())
+    initial = Network().build()
+    assert sorted(run.updated) == [0, 1, 2, 3]
+    for j, (dw, db) in grads.items():
+        w, b = initial[j][0].weight.detach(), initial[j][0].bias.detach()
+        torch.testing.assert_close(run.updated[j], (w - LR * dw, b - LR * db),
+                                   atol=TOLERANCE, rtol=0)
+        assert not torch.equal(run.updated[j][0], w)  # the step moved the weights
+    assert run.max_update_error < TOLERANCE
+
+
+def test_the_next_iteration_waits_for_a1_the_synchronous_flush(runs):
+    """Counted by hand from the tables: the book's A1..B2 finish in steps 11, 10, 9, 8 and
+    start in 1, 2, 3, 4; the next batch enters through A1 after step 11, so each GPU starts
+    11 steps after it first started. GPipe and 1F1B (14 steps) shift by 14."""
+    assert runs["book"].simulation.next_iteration() == [(11, 12), (10, 13), (9, 14), (8, 15)]
+    for name in ("gpipe", "1f1b"):
+        assert runs[name].simulation.next_iteration() == [(14, 15), (13, 16), (12, 17),
+                                                          (11, 18)]
+    table = runs["book"].update_table()
+    assert re.search(r"B2\s+step 8\s+after step 8\s+step 15\s+6$", table, re.M)
+    assert table.endswith("to 1e-6: True")
+
+
+def test_gradient_table_counts_one_gradient_per_input_weight_and_one_per_bias(runs):
+    lines = runs["book"].gradient_table().splitlines()
+    # widths 3 -> 4 -> 4 -> 4 -> 2: 4 x (3 + 1), 4 x (4 + 1) twice, 2 x (4 + 1)
+    assert [int(line.split("= ")[1].split()[0]) for line in lines] == [16, 20, 20, 10]
+    assert [line.split()[0] for line in lines] == ["A1", "A2", "B1", "B2"]
+
+
+def test_a_weight_update_needs_a_positive_learning_rate():
+    with pytest.raises(ValueError, match="lr"):
+        execute(schedule("book", 4, 4), lr=-1)
+    no_update = Execution(simulate(schedule("book", 4, 4)), [], {}, 0.0, {}, 0.0)
+    with pytest.raises(ValueError, match="no weight update"):
+        no_update.update_table()
 
 
 @pytest.mark.parametrize("name,p,m,v", [("interleaved", 2, 4, 2), ("naive", 4, 4, 1),

@@ -54,7 +54,7 @@ TYPICAL_MISTAKES = [
     ("03.1", 3 / 8, "ideal"),                # (p - 1) / m: idle over busy
     ("03.1", 27.27, "percentage"),
     ("03.1", 16 / 22, "Which slots"),        # the busy share
-    ("03.1", 6 / 14, "section 4"),           # m = 4, the run section 4 printed
+    ("03.1", 6 / 14, "run printed above"),   # m = 4, the GPipe run printed before 03.1
     ("03.2", 8, "GPipe"),                    # all m held
     ("03.2", 1, "last stage"),
     ("03.2", 7, "warm-up"),                  # forwarding every step until step 2p brings E1
@@ -122,6 +122,6 @@ def test_each_prediction_comes_before_the_cell_that_prints_its_answer():
     assert at["03.3"] < table
     assert at["03.3"] < text.index("interleaved_run = execute(")     # the toy backend's count
     assert text.index("## 5.") < at["03.1"]                          # in the section they belong to
-    # 03.1 asks about m = 8; everything printed before it (section 4's runs, the step explorer)
+    # 03.1 asks about m = 8; everything printed before it (the runs, the step explorer)
     # uses m = 4, which the exercise's text points to as a starting point
     assert "microbatches=8" not in text[:at["03.1"]] and ", 8)" not in text[:at["03.1"]]

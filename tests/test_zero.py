@@ -17,7 +17,7 @@ from parlab import sharded
 from parlab.launch import preload
 from parlab.memory import model_state_bytes
 
-SPEC = sharded.ShardSpec(sizes=(16, 32, 32, 8), samples=16, steps=3, lr=1e-2)
+SPEC = sharded.ZeroSpec(sizes=(16, 32, 32, 8), samples=16, steps=3, lr=1e-2)
 PSI_BYTES = 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 8 + 8)     # fp32 parameters
 TOL = 1e-6
 preload("torch.optim", "torch.distributed.fsdp")
@@ -26,11 +26,11 @@ preload("torch.optim", "torch.distributed.fsdp")
 @functools.cache
 def torch_reference(spec=SPEC):
     """Per step: the loss and every layer's weight and bias end to end, one process, whole batch."""
-    model = sharded.make_model(spec)
+    model = sharded.make_zero_model(spec)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
     out = []
     for step in range(spec.steps):
-        x, y = sharded.make_batch(spec, step)
+        x, y = sharded.make_zero_batch(spec, step)
         optimizer.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
@@ -43,7 +43,7 @@ def torch_reference(spec=SPEC):
 
 @functools.cache
 def zero_run(stage, n, backend):
-    return sharded.train(stage, n, SPEC, backend=backend)
+    return sharded.train_zero(stage, n, SPEC, backend=backend)
 
 
 @functools.cache
@@ -94,7 +94,7 @@ def test_zero_traffic_equals_closed_forms(stage, n):
 
 
 def test_zero3_gathers_every_layer_twice_and_scatters_once():
-    table = sharded.train(3, 2, SPEC.replace(steps=1), backend="toy").collectives()
+    table = sharded.train_zero(3, 2, SPEC.replace(steps=1), backend="toy").collectives()
     layers = range(len(SPEC.sizes) - 1)
     for layer in layers:
         rows = table[table.layer == layer]
@@ -124,12 +124,12 @@ def test_fsdp2_moves_the_same_bytes_as_our_stage_3():
 def test_zero_bad_input_fails_before_any_rank_starts(bad, match):
     args = dict(stage=1, world_size=2) | bad
     with pytest.raises(ValueError, match=match):
-        sharded.train(args["stage"], args["world_size"], SPEC)
+        sharded.train_zero(args["stage"], args["world_size"], SPEC)
 
 
 def test_zero_unknown_optimizer_is_named():
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
-        sharded.ShardSpec(optimizer="lamb")
+        sharded.ZeroSpec(optimizer="lamb")
 
 
 def test_zero_flat_shard_pads_to_equal_shards():

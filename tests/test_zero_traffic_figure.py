@@ -69,9 +69,9 @@ def _table(parameter_bytes: int = 4 * 1864) -> pd.DataFrame:
 
 def test_the_chapter_values_are_the_logged_ones():
     """The hand-made table holds what the chapter prints: 7,456 and 11,184 B on 2 ranks."""
-    from parlab.sharded import ShardSpec
+    from parlab.sharded import ZeroSpec
 
-    assert 4 * ShardSpec().parameters == 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 8 + 8) == 4 * 1864
+    assert 4 * ZeroSpec().parameters == 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 8 + 8) == 4 * 1864
     table = _table()
     two = table[table.ranks == 2].set_index("run")["sent per step"]
     assert two["ZeRO-0"] == 7456 and two["ZeRO-3"] == 11184

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from parlab.exercises.registry import exercise, number, right, wrong
 
-#: 03.1: GPipe on p stages with m micro-batches: twice section 4's m, so its printed run
-#: (m = p) is a hint, not the answer.
+#: 03.1: GPipe on p stages with m micro-batches: twice the m of the GPipe run printed just
+#: before the exercise, so that run (m = p) is a hint, not the answer.
 _BUBBLE_P, _BUBBLE_M = 4, 8
-#: The m of section 4's runs and of the Gantt charts (a common wrong answer reuses it).
+#: The m of the chapter's runs and of the Gantt charts (a common wrong answer reuses it).
 _RUN_M = 4
 #: 03.2: 1F1B with more micro-batches than stages.
 _MEMORY_P, _MEMORY_M = 4, 8
@@ -55,9 +55,9 @@ def _gpipe_bubble(answer):
         return wrong("Which slots does your fraction count? The bubble is made of the slots "
                      "in which a GPU waits.")
     if abs(value - _sim("gpipe", _BUBBLE_P, _RUN_M).bubble_fraction) < 5e-3:
-        return wrong("That fits section 4's run, with fewer micro-batches. With this m, how "
-                     "many time steps does the schedule take, and in how many of them is one "
-                     "GPU idle?")
+        return wrong("That fits the run printed above, with fewer micro-batches. With this "
+                     "m, how many time steps does the schedule take, and in how many of them "
+                     "is one GPU idle?")
     return wrong("Draw one GPU's row: it runs m forwards and later m backwards. Count the "
                  "time steps of the whole schedule first (when does the last stage start, "
                  "when does the first stage finish?), then that row's empty cells.")

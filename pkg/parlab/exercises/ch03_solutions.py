@@ -29,9 +29,10 @@ def _gpipe_bubble() -> Solution:
         f"GPipe runs all {m} forwards, then all {m} backwards. The last stage starts its first "
         f"forward in step p = {p}\nand its last forward in step m + p - 1 = {m + p - 1}; the "
         f"backwards come back the same way, so the\nschedule takes 2 (m + p - 1) = {steps} "
-        f"steps (section 4's run, with m = 4, took 2 (4 + 3) = 14).\nEach GPU is busy in "
-        f"2m = {busy} of them and idle in {steps} - {busy} = {steps - busy} = 2 (p - 1): every "
-        f"row of the\nGantt chart has the same {steps - busy} empty cells, whatever m is. The "
+        f"steps (the GPipe run printed above the exercise, with m = 4,\ntook 2 (4 + 3) = 14). "
+        f"Each GPU is busy in 2m = {busy} of them and idle in\n{steps} - {busy} = "
+        f"{steps - busy} = 2 (p - 1): every row of the Gantt chart has the same "
+        f"{steps - busy} empty\ncells, whatever m is. The "
         f"idle share of all slots is\n{steps - busy} / {steps} = {share} = (p - 1) / "
         f"(m + p - 1)."))
 

@@ -4,7 +4,7 @@ and the chapter's figure recipes (run here, drawn by :mod:`parlab.viz.plots`).
 Why a module of its own: the chapter asks three questions of the same runs (do they train
 exactly like one process? what does each rank hold? what does each rank send?), so one
 function runs each configuration once on the toy backend and returns a row per run with all
-three answers beside their independent references: :func:`~parlab.sharded.reference` for
+three answers beside their independent references: :func:`~parlab.sharded.zero_reference` for
 the parameters, :func:`parlab.memory.model_state_bytes` for the memory and
 :func:`~parlab.sharded.zero_bytes_per_rank` for the traffic.
 """
@@ -15,8 +15,8 @@ import functools
 
 from parlab.memory import model_state_bytes
 from parlab.sharded import (
-    reference, ShardRun, ShardSpec, STATE_PARTS, train, train_fsdp, zero_bytes_per_rank,
-    zero_scaling
+    ShardRun, STATE_PARTS, train_fsdp, train_zero, zero_bytes_per_rank, zero_reference,
+    zero_scaling, ZeroSpec
 )
 from parlab.viz import figure
 from parlab.viz.plots import (
@@ -41,7 +41,7 @@ def _row(name: str, run: ShardRun, ref) -> dict:
             "closed form": zero_bytes_per_rank(parameter_bytes, n, stage)}
 
 
-def stage_table(world_sizes=(2, 4), spec: ShardSpec = ShardSpec(), *, fsdp: bool = True,
+def stage_table(world_sizes=(2, 4), spec: ZeroSpec = ZeroSpec(), *, fsdp: bool = True,
                 progress: bool = False):
     """Run ZeRO stages 0-3 (and FSDP2) on each world size with the toy backend; one row each.
 
@@ -53,13 +53,13 @@ def stage_table(world_sizes=(2, 4), spec: ShardSpec = ShardSpec(), *, fsdp: bool
     import pandas as pd
     from tqdm.auto import tqdm
 
-    ref = reference(spec)
+    ref = zero_reference(spec)
     jobs = [(f"ZeRO-{stage}", n, stage) for n in world_sizes for stage in range(4)]
     jobs += [("FSDP2", n, 3) for n in world_sizes] if fsdp else []
     rows = []
     for name, n, stage in tqdm(jobs, desc="runs", unit="run", disable=not progress):
         run = (train_fsdp(n, spec, backend="toy") if name == "FSDP2"
-               else train(stage, n, spec, backend="toy"))
+               else train_zero(stage, n, spec, backend="toy"))
         rows.append(_row(name, run, ref))
     return pd.DataFrame(rows)
 
@@ -85,8 +85,8 @@ def _traffic():
 
 @figure("fig-06-zero3-timeline", "One ZeRO-3 step, collective by collective and layer by layer")
 def _timeline():
-    spec = ShardSpec(steps=1)
-    return zero3_timeline_figure(train(3, 2, spec, backend="toy").collectives(),
+    spec = ZeroSpec(steps=1)
+    return zero3_timeline_figure(train_zero(3, 2, spec, backend="toy").collectives(),
                                  len(spec.sizes) - 1)
 
 

@@ -16,7 +16,7 @@ from parlab.pipeline.simulator import Event, simulate, Simulation, stage_gpu_nam
 from parlab.pipeline.runner import run_schedule, split_layers, StageRun
 from parlab.pipeline.notation import action_code, describe_step, transfer_label
 from parlab.pipeline.executor import (
-    execute, Execution, Network, reference, run_network, stage_layers
+    execute, Execution, Network, reference, reference_step, run_network, stage_layers
 )
 from parlab.pipeline.torch_pipelining import our_action_order, torch_pipelining, TorchRun
 from parlab.pipeline.slots import (
@@ -29,7 +29,8 @@ from parlab.pipeline.tradeoffs import (
 __all__ = ["Action", "Schedule", "schedule", "from_order", "StageTransfer", "Event", "Simulation",
            "simulate", "stage_gpu_name", "run_schedule", "split_layers", "StageRun", "run_network",
            "stage_layers", "action_code", "describe_step", "transfer_label",
-           "Network", "Execution", "execute", "reference", "TorchRun", "torch_pipelining",
-           "our_action_order", "compare", "comparison_table", "ScheduleCost", "COMPARED",
+           "Network", "Execution", "execute", "reference", "reference_step", "TorchRun",
+           "torch_pipelining", "our_action_order", "compare", "comparison_table", "ScheduleCost",
+           "COMPARED",
            "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps",
            "Tradeoffs", "tradeoffs"]

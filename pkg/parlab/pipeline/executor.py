@@ -8,9 +8,11 @@ step and moves activations forward and errors backward with ``dist.send``/``dist
 (the 3D job runs its tensor-parallel GPT stages through the same function). Every rank logs
 what it computed and sent; :func:`execute` returns the logs and the gradients, and checks
 both: the log against the simulation, the gradients against one process training on the
-whole batch. Each rank also times every action and every send/recv
-(:func:`parlab.launch.span`); :meth:`Execution.chrome_trace` puts the ranks' spans on one
-timeline, the real counterpart of the simulated Gantt chart.
+whole batch. Given a learning rate, each rank then updates its layers' weights (plain SGD)
+after its own last backward, and :meth:`Execution.update_table` says when each rank did
+and where the next iteration could start (a synchronous flush). Each rank also times every
+action and every send/recv (:func:`parlab.launch.span`); :meth:`Execution.chrome_trace` puts
+the ranks' spans on one timeline, the real counterpart of the simulated Gantt chart.
 
 The runner's docstring says why no schedule can deadlock.
 """
@@ -23,13 +25,14 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import chrome_trace
-from parlab.checks import check_count
+from parlab.checks import check_count, check_positive_number
 from parlab.models import max_difference
 from parlab.pipeline.runner import run_schedule, split_layers
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, Simulation, StageTransfer, simulate
 
-__all__ = ["Network", "Execution", "execute", "reference", "run_network", "stage_layers"]
+__all__ = ["Network", "Execution", "execute", "reference", "reference_step", "run_network",
+           "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class Network:
         """This micro-batch's share of the batch loss."""
         return ((output - target) ** 2).sum() / batch_samples
 
+    def layer_name(self, j: int) -> str:
+        """Layer ``j`` (0-based) in the book's words: "hidden layer 1", ..., "output layer"."""
+        return "output layer" if j == self.layers - 1 else f"hidden layer {j + 1}"
+
 
 def stage_layers(net: Network, virtual_stages: int, stage: int) -> range:
     """Which layers (0-based) (virtual) stage ``stage`` holds: an equal, contiguous share."""
@@ -102,14 +109,16 @@ def _split(sched: Schedule, x, target):
 
 
 def run_network(sched: Schedule, net: Network, x, target, *, peers=None, group=None,
-                transfers_by_step=None, batch_samples: int | None = None) -> dict:
+                transfers_by_step=None, batch_samples: int | None = None,
+                lr: float | None = None) -> dict:
     """This rank's part of ``sched`` on the chapter's network, through :func:`run_schedule`.
 
     ``x``/``target`` are the samples this pipeline trains on; ``batch_samples`` the size of
     the whole batch the loss is averaged over (default: ``len(x)``). Returns {"events",
     "grads": {layer: (dW, db)}, "loss" (this rank's share), "traffic" (per step, the
     messages the toy backend logged as sent by this rank, or None on other backends),
-    "spans" (this rank's timed actions and sends/receives)}.
+    "spans" (this rank's timed actions and sends/receives)}; with ``lr``, also "updated":
+    {layer: (W, b)} after one SGD step on this rank's layers, once its schedule is done.
     """
     from parlab.launch import rank_device
     device = rank_device()
@@ -124,10 +133,15 @@ def run_network(sched: Schedule, net: Network, x, target, *, peers=None, group=N
                         lambda out, t: net.loss(out, t, samples),
                         lambda k, i: (x_mbs[i].shape[0], width(k)),
                         peers=peers, group=group, transfers_by_step=transfers_by_step)
-    grads = {j: (layers[j][0].weight.grad.cpu(), layers[j][0].bias.grad.cpu())
-             for k in modules for j in stage_layers(net, K, k)}
-    return {"events": done.events, "grads": grads, "loss": done.loss,
-            "traffic": done.traffic, "spans": done.spans}
+    mine = [j for k in modules for j in stage_layers(net, K, k)]
+    grads = {j: (layers[j][0].weight.grad.cpu(), layers[j][0].bias.grad.cpu()) for j in mine}
+    result = {"events": done.events, "grads": grads, "loss": done.loss,
+              "traffic": done.traffic, "spans": done.spans}
+    if lr is not None:  # the flush: every micro-batch's gradient is in, so update now
+        torch.optim.SGD([q for j in mine for q in layers[j].parameters()], lr=lr).step()
+        result["updated"] = {j: (layers[j][0].weight.detach().cpu().clone(),
+                                 layers[j][0].bias.detach().cpu().clone()) for j in mine}
+    return result
 
 
 def _pipeline_rank(sched: Schedule, peers) -> int:
@@ -135,9 +149,9 @@ def _pipeline_rank(sched: Schedule, peers) -> int:
     return rank if peers is None else list(peers).index(rank)
 
 
-def _stage_worker(sched: Schedule, net: Network, transfers_by_step):
+def _stage_worker(sched: Schedule, net: Network, transfers_by_step, lr=None):
     x, target = net.batch()
-    return run_network(sched, net, x, target, transfers_by_step=transfers_by_step)
+    return run_network(sched, net, x, target, transfers_by_step=transfers_by_step, lr=lr)
 
 
 def reference(net: Network, x=None, target=None):
@@ -150,6 +164,16 @@ def reference(net: Network, x=None, target=None):
     grads = {j: (layer[0].weight.grad.clone(), layer[0].bias.grad.clone())
              for j, layer in enumerate(model)}
     return grads, float(loss.detach())
+
+
+def reference_step(net: Network, lr: float) -> dict:
+    """One process, whole batch, one SGD step: {layer: (W, b)} after it."""
+    model = torch.nn.Sequential(*net.build())
+    x, target = net.batch()
+    net.loss(model(x), target, x.shape[0]).backward()
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return {j: (layer[0].weight.detach().clone(), layer[0].bias.detach().clone())
+            for j, layer in enumerate(model)}
 
 
 @dataclass
@@ -167,6 +191,9 @@ class Execution:
     traffic_by_step: list | None = field(default=None, repr=False)
     net: Network = field(default_factory=Network, repr=False)
     spans: list = field(default_factory=list, repr=False)  # spans[r]: rank r's timed work
+    lr: float | None = None                      # the SGD step after the batch, if any
+    updated: dict | None = field(default=None, repr=False)            # {layer: (W, b)}
+    reference_updated: dict | None = field(default=None, repr=False)  # one process's step
 
     @property
     def matches_simulation(self) -> bool:
@@ -177,6 +204,42 @@ class Execution:
     def max_grad_error(self) -> float:
         """Largest |pipeline gradient - single-process gradient| over all weights and biases."""
         return max_difference(self.grads, self.reference_grads)
+
+    def gradient_table(self) -> str:
+        """Per layer: its GPU, and the gradients one backward pass computes there (one per
+        weight on a neuron's inputs, plus one for its bias)."""
+        sched, names = self.simulation.schedule, self.simulation.names
+        K = sched.virtual_stages
+        gpu = {j: names[sched.rank_of(k)] for k in range(K) for j in stage_layers(self.net, K, k)}
+        lines = []
+        for j, (dw, db) in sorted(self.grads.items()):
+            lines.append(f"{gpu[j]}  {self.net.layer_name(j):<14}  {dw.shape[0]} neurons x "
+                         f"({dw.shape[1]} input weights + 1 bias) = "
+                         f"{dw.numel() + db.numel()} gradients")
+        return "\n".join(lines)
+
+    @property
+    def max_update_error(self) -> float:
+        """Largest |weight after the ranks' SGD step - weight after one process's step|."""
+        if self.updated is None:
+            raise ValueError("no weight update: run execute(..., lr=...)")
+        return max_difference(self.updated, self.reference_updated)
+
+    def update_table(self) -> str:
+        """Per rank: its last backward, its weight update, and where the next iteration's first
+        forward could run under a synchronous flush (:meth:`Simulation.next_iteration`)."""
+        if self.updated is None:
+            raise ValueError("no weight update: run execute(..., lr=...)")
+        sim = self.simulation
+        header = (f"{'GPU':<4} {'last backward':<14} {'weights updated':<16} "
+                  f"{'next iteration starts':<22} idle steps between")
+        lines = [header]
+        for rank, (last, first) in enumerate(sim.next_iteration()):
+            lines.append(f"{sim.names[rank]:<4} {f'step {last}':<14} {f'after step {last}':<16} "
+                         f"{f'step {first}':<22} {first - last - 1}")
+        lines.append(f"updated weights equal one process's SGD step (lr {self.lr:g}) on the "
+                     f"whole batch, to 1e-6: {self.max_update_error < 1e-6}")
+        return "\n".join(lines)
 
     def expected_bytes(self, transfer: StageTransfer) -> int:
         """Bytes of the tensor a transfer carries: micro-batch samples x boundary width x 4."""
@@ -237,11 +300,14 @@ class Execution:
 
 
 def execute(sched: Schedule, net: Network | None = None, backend: str | None = "gloo",
-            timeout: float = 60) -> Execution:
+            timeout: float = 60, lr: float | None = None) -> Execution:
     """Run ``sched`` on ``sched.stages`` real ranks and compare it with the simulation and
     with single-process training. ``backend`` is "gloo" (CPU), "nccl" (one GPU per rank)
-    or "toy", which also logs every message, step by step (``traffic_by_step``)."""
+    or "toy", which also logs every message, step by step (``traffic_by_step``). With
+    ``lr``, each rank then takes one SGD step on its layers (``Execution.updated``)."""
     net = net or Network()
+    if lr is not None:
+        check_positive_number("lr", lr, "learning rate")
     if not isinstance(net, Network):
         raise TypeError(f"net must be a parlab.pipeline.Network, got {type(net).__name__}")
     sim = simulate(sched)
@@ -252,10 +318,10 @@ def execute(sched: Schedule, net: Network | None = None, backend: str | None = "
     if backend == "toy":
         from parlab.comm import run_with_traffic
         results, traffic = run_with_traffic(_stage_worker, sched.stages, sched, net, by_step,
-                                            timeout=timeout)
+                                            lr, timeout=timeout)
     else:
         from parlab.launch import run
-        results = run(_stage_worker, sched.stages, sched, net, by_step, backend=backend,
+        results = run(_stage_worker, sched.stages, sched, net, by_step, lr, backend=backend,
                       timeout=timeout)
     events = sorted((e for r in results for e in r["events"]), key=lambda e: (e.step, e.rank))
     grads = {j: g for r in results for j, g in r["grads"].items()}
@@ -264,6 +330,8 @@ def execute(sched: Schedule, net: Network | None = None, backend: str | None = "
     if backend == "toy":  # each step's messages, from every rank's own log
         logged = [sorted((m for r in results for m in r["traffic"][t]),
                          key=lambda m: (m.src, m.dst)) for t in range(sim.steps)]
+    updated = None if lr is None else {j: w for r in results for j, w in r["updated"].items()}
     return Execution(sim, events, grads, sum(r["loss"] for r in results), ref_grads, ref_loss,
                      traffic, [r["events"] for r in results], logged, net,
-                     [r["spans"] for r in results])
+                     [r["spans"] for r in results], lr, updated,
+                     None if lr is None else reference_step(net, lr))

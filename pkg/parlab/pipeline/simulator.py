@@ -126,6 +126,20 @@ class Simulation:
         line = lambda cells_: "  ".join(c.ljust(w) for c, w in zip(cells_, widths)).rstrip()
         return "\n".join([line(header)] + [line(row) for row in rows])
 
+    def next_iteration(self) -> list[tuple[int, int]]:
+        """Per rank, (the step of its last action, the step of its first action in the next
+        iteration), under a synchronous flush.
+
+        Each rank updates its weights once its own last backward is done; the next iteration
+        runs the same schedule again, shifted by the fewest steps that put every rank's first
+        action after its own update. For the chapter's schedules rank 0 decides: its last
+        backward comes last, and the next batch enters through it.
+        """
+        busy = [[t + 1 for t in range(self.steps) if self.schedule.actions(r, t)]
+                for r in range(self.schedule.stages)]
+        shift = max(row[-1] - row[0] + 1 for row in busy)
+        return [(row[-1], row[0] + shift) for row in busy]
+
     def summary(self) -> str:
         """One line: steps, bubble fraction, peak in-flight micro-batches per rank."""
         unit = ("(chunk, micro-batch) pairs" if self.schedule.chunks > 1 else "micro-batches")

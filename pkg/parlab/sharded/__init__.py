@@ -10,13 +10,14 @@ step by step, with the model-state bytes each rank held and the toy backend's lo
 """
 
 from parlab.sharded.flat import FlatShard
-from parlab.sharded.zero import make_optimizer, STATE_PARTS, Zero
+from parlab.sharded.zero import optimizer_by_name, STATE_PARTS, Zero
 from parlab.sharded.runs import (
-    make_batch, make_model, RankResult, reference, ShardRun, ShardSpec, train, train_rank
+    make_zero_batch, make_zero_model, RankResult, ShardRun, train_zero, zero_rank, zero_reference,
+    ZeroSpec
 )
 from parlab.sharded.fsdp import train_fsdp
 from parlab.sharded.scaling import GLOBAL_BATCH, GLOBAL_TOKENS, zero_bytes_per_rank, zero_scaling
 
-__all__ = ["FlatShard", "Zero", "make_optimizer", "ShardSpec", "RankResult", "ShardRun",
-           "make_model", "make_batch", "train", "train_rank", "reference", "train_fsdp",
-           "zero_bytes_per_rank", "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]
+__all__ = ["FlatShard", "Zero", "optimizer_by_name", "ZeroSpec", "RankResult", "ShardRun",
+           "make_zero_model", "make_zero_batch", "train_zero", "zero_rank", "zero_reference",
+           "train_fsdp", "zero_bytes_per_rank", "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from parlab.launch import rank_device
 from parlab.sharded.flat import parameter_layers
 from parlab.sharded.runs import (
-    launch_spec, local_batch, make_model, RankResult, ShardRun, ShardSpec
+    launch_spec, local_batch, make_zero_model, RankResult, ShardRun, ZeroSpec
 )
-from parlab.sharded.zero import make_optimizer
+from parlab.sharded.zero import optimizer_by_name
 
 __all__ = ["train_fsdp", "fsdp_rank"]
 
@@ -45,23 +45,23 @@ def _slices(model) -> list[torch.Tensor]:
     """This rank's dimension-0 chunk of every parameter, layer by layer (weight, then bias).
 
     Rank r's chunks of all ranks, stacked in rank order per parameter, rebuild the parameter;
-    :func:`train_fsdp` does that so the result compares with :func:`~parlab.sharded.reference`.
+    :func:`train_fsdp` does that so the result compares with :func:`~parlab.sharded.zero_reference`.
     """
     return [[_local(p).detach().cpu().clone() for p in m.parameters()]
             for m in parameter_layers(model)]
 
 
-def fsdp_rank(spec: ShardSpec) -> RankResult:
+def fsdp_rank(spec: ZeroSpec) -> RankResult:
     """Runs on every rank: ``spec.steps`` steps with ``fully_shard`` on every layer."""
     from torch.distributed.fsdp import fully_shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
-    model = make_model(spec).to(device)
+    model = make_zero_model(spec).to(device)
     for layer in parameter_layers(model):
         fully_shard(layer)
     fully_shard(model)
-    optimizer = make_optimizer(spec.optimizer, model.parameters(), spec.lr)
+    optimizer = optimizer_by_name(spec.optimizer, model.parameters(), spec.lr)
     losses, slices, state = [], [], {}
     for step in range(spec.steps):
         x, y = (t.to(device) for t in local_batch(spec, step, rank, world))
@@ -75,9 +75,9 @@ def fsdp_rank(spec: ShardSpec) -> RankResult:
     return RankResult(rank, losses, slices, state)
 
 
-def train_fsdp(world_size: int, spec: ShardSpec = ShardSpec(), *, backend: str | None = None,
+def train_fsdp(world_size: int, spec: ZeroSpec = ZeroSpec(), *, backend: str | None = None,
                timeout: float | None = None) -> ShardRun:
-    """:func:`~parlab.sharded.train` with ``fully_shard`` instead of ours (ZeRO stage 3).
+    """:func:`~parlab.sharded.train_zero` with ``fully_shard`` instead of ours (ZeRO stage 3).
 
     FSDP shards each tensor along dimension 0, not each layer's flat buffer, so the run
     carries each step's layers rebuilt from the ranks' chunks (``ShardRun.rebuilt``):

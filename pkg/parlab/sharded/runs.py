@@ -1,11 +1,11 @@
 """ZeRO runs on N real ranks, checked step by step against one process training alone.
 
 Why a module of its own: :mod:`parlab.sharded.zero` is the mechanism; this is the experiment
-around it. :class:`ShardSpec` is a small deterministic problem (an MLP of ``nn.Linear``
-layers, fresh data every step, Adam by default). :func:`train` runs it with one ZeRO stage on
-N ranks (gloo, nccl, or the logging toy backend) and brings home, per rank and step, the
-loss, the rank's slice of every layer and the model-state bytes it held; :func:`reference`
-is one process on the whole batch. :class:`ShardRun` rebuilds the parameters from the
+around it. :class:`ZeroSpec` is a small deterministic problem (an MLP of ``nn.Linear``
+layers, fresh data every step, Adam by default). :func:`train_zero` runs it with one ZeRO
+stage on N ranks (gloo, nccl, or the logging toy backend) and brings home, per rank and
+step, the loss, the rank's slice of every layer and the model-state bytes it held;
+:func:`zero_reference` is one process on the whole batch. :class:`ShardRun` rebuilds the parameters from the
 slices, compares them with the reference and tabulates memory and traffic.
 """
 
@@ -22,15 +22,16 @@ from parlab.comm import run_with_traffic, TrafficLog
 from parlab.launch import rank_device, run
 from parlab.memory import check_optimizer
 from parlab.sharded.flat import parameter_layers
-from parlab.sharded.zero import check_stage, make_optimizer, Zero
+from parlab.sharded.zero import check_stage, optimizer_by_name, Zero
 from parlab.checks import check_count
 
-__all__ = ["ShardSpec", "RankResult", "ShardRun", "make_model", "make_batch", "local_batch",
-           "layer_values", "train", "train_rank", "reference", "launch_spec"]
+__all__ = ["ZeroSpec", "RankResult", "ShardRun", "make_zero_model", "make_zero_batch",
+           "local_batch",
+           "layer_values", "train_zero", "zero_rank", "zero_reference", "launch_spec"]
 
 
 @dataclass(frozen=True)
-class ShardSpec:
+class ZeroSpec:
     """An MLP ``sizes[0] -> ... -> sizes[-1]`` with Tanh between layers, trained on fresh
     random batches of ``samples`` (split evenly over the ranks) for ``steps`` steps."""
 
@@ -49,7 +50,7 @@ class ShardSpec:
         for name in ("samples", "steps"):
             check_count(name, getattr(self, name))
 
-    def replace(self, **changes) -> "ShardSpec":
+    def replace(self, **changes) -> "ZeroSpec":
         return replace(self, **changes)
 
     @property
@@ -57,7 +58,7 @@ class ShardSpec:
         return sum(a * b + b for a, b in zip(self.sizes, self.sizes[1:]))
 
 
-def make_model(spec: ShardSpec) -> nn.Sequential:
+def make_zero_model(spec: ZeroSpec) -> nn.Sequential:
     """The spec's MLP, initialised from ``spec.seed`` (the same on every rank and run)."""
     torch.manual_seed(spec.seed)
     layers: list[nn.Module] = []
@@ -66,7 +67,7 @@ def make_model(spec: ShardSpec) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def make_batch(spec: ShardSpec, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_zero_batch(spec: ZeroSpec, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s whole batch: inputs and targets of a fixed smooth function."""
     g = torch.Generator().manual_seed(10_007 * (spec.seed + 1) + step)
     x = torch.randn(spec.samples, spec.sizes[0], generator=g)
@@ -75,9 +76,9 @@ def make_batch(spec: ShardSpec, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.sin(x @ mix)
 
 
-def local_batch(spec: ShardSpec, step: int, rank: int, world_size: int):
+def local_batch(spec: ZeroSpec, step: int, rank: int, world_size: int):
     """Rank ``rank``'s equal slice of step ``step``'s batch."""
-    x, y = make_batch(spec, step)
+    x, y = make_zero_batch(spec, step)
     return x.chunk(world_size)[rank], y.chunk(world_size)[rank]
 
 
@@ -99,11 +100,11 @@ class RankResult:
     events: list[tuple[str, str, int]] = field(default_factory=list)
 
 
-def train_rank(spec: ShardSpec, stage: int) -> RankResult:
+def zero_rank(spec: ZeroSpec, stage: int) -> RankResult:
     """Runs on every rank: ``spec.steps`` steps of ZeRO ``stage`` on this rank's slice."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
-    model = make_model(spec).to(device)
+    model = make_zero_model(spec).to(device)
     zero = Zero(model, stage, spec.optimizer, spec.lr)
     losses, slices, state = [], [], {}
     for step in range(spec.steps):
@@ -117,13 +118,13 @@ def train_rank(spec: ShardSpec, stage: int) -> RankResult:
     return RankResult(rank, losses, slices, state, zero.events)
 
 
-def reference(spec: ShardSpec) -> list[tuple[float, list[torch.Tensor]]]:
+def zero_reference(spec: ZeroSpec) -> list[tuple[float, list[torch.Tensor]]]:
     """One process, whole batch: per step the loss and every layer's parameters after it."""
-    model = make_model(spec)
-    optimizer = make_optimizer(spec.optimizer, model.parameters(), spec.lr)
+    model = make_zero_model(spec)
+    optimizer = optimizer_by_name(spec.optimizer, model.parameters(), spec.lr)
     out = []
     for step in range(spec.steps):
-        x, y = make_batch(spec, step)
+        x, y = make_zero_batch(spec, step)
         loss = F.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -138,7 +139,7 @@ class ShardRun:
 
     stage: int
     world_size: int
-    spec: ShardSpec
+    spec: ZeroSpec
     ranks: list[RankResult]
     log: TrafficLog | None = None
     rebuilt: list[list[torch.Tensor]] | None = None   # per step, every layer (FSDP's layout)
@@ -156,8 +157,8 @@ class ShardRun:
                 for i in range(len(self.ranks[0].slices[step]))]
 
     def max_difference(self, ref=None) -> float:
-        """Largest difference from :func:`reference` over every step's loss and parameters."""
-        ref = reference(self.spec) if ref is None else ref
+        """Largest difference from :func:`zero_reference` over every step's loss and parameters."""
+        ref = zero_reference(self.spec) if ref is None else ref
         worst = 0.0
         for step, (loss, layers) in enumerate(ref):
             worst = max(worst, abs(self.losses()[step] - loss))
@@ -190,7 +191,7 @@ class ShardRun:
         return pd.DataFrame(rows)
 
 
-def launch_spec(rank_fn, world_size: int, spec: ShardSpec, *args, backend: str | None = None,
+def launch_spec(rank_fn, world_size: int, spec: ZeroSpec, *args, backend: str | None = None,
                 timeout: float | None = None) -> tuple[list, TrafficLog | None]:
     """Check ``world_size`` against ``spec``, then run ``rank_fn(spec, *args)`` on every rank.
 
@@ -206,10 +207,10 @@ def launch_spec(rank_fn, world_size: int, spec: ShardSpec, *args, backend: str |
     return run(rank_fn, world_size, spec, *args, backend=backend, **options), None
 
 
-def train(stage: int, world_size: int, spec: ShardSpec = ShardSpec(), *,
+def train_zero(stage: int, world_size: int, spec: ZeroSpec = ZeroSpec(), *,
           backend: str | None = None, timeout: float | None = None) -> ShardRun:
     """ZeRO ``stage`` on ``world_size`` real ranks; ``backend="toy"`` also logs every byte."""
     check_stage(stage)
-    results, log = launch_spec(train_rank, world_size, spec, stage, backend=backend,
+    results, log = launch_spec(zero_rank, world_size, spec, stage, backend=backend,
                                timeout=timeout)
     return ShardRun(stage, world_size, spec, results, log)

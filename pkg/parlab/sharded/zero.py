@@ -33,7 +33,7 @@ from parlab.memory import check_optimizer, ZERO_STAGES
 from parlab.sharded.flat import FlatShard, parameter_layers
 from parlab.checks import check_choice
 
-__all__ = ["Zero", "STATE_PARTS", "check_stage", "make_optimizer"]
+__all__ = ["Zero", "STATE_PARTS", "check_stage", "optimizer_by_name"]
 
 #: The model states a rank holds (the keys of :meth:`Zero.state_bytes`), in the order of a
 #: stacked bar.
@@ -44,7 +44,7 @@ def check_stage(stage) -> int:
     return check_choice("ZeRO stage", stage, ZERO_STAGES)
 
 
-def make_optimizer(name: str, params, lr: float):
+def optimizer_by_name(name: str, params, lr: float):
     """``torch.optim`` for one of :data:`parlab.memory.OPTIMIZERS` ("momentum" is 0.9)."""
     check_optimizer(name)
     if name == "adam":
@@ -91,7 +91,7 @@ class Zero:
         self.units = [FlatShard(m, rank, world, own_shard=stage == 3, group=group)
                       for m in layers]
         params = (list(model.parameters()) if stage == 0 else [u.shard for u in self.units])
-        self.optimizer = make_optimizer(optimizer, params, lr)
+        self.optimizer = optimizer_by_name(optimizer, params, lr)
         self.events: list[tuple[str, str, int]] = []
         self._ready = [0] * len(self.units)
         if stage >= 2:
