@@ -33,7 +33,8 @@
 #    of <span data-glue="gpu_gb">80</span> GB: every way to write
 #    <span data-glue="gpus">1,024</span> = data x tensor x pipeline, its memory per GPU, its
 #    time per step, and where each rank sits on a rail-optimized cluster; see why chapter 01
-#    and the planner disagree on how many GPUs one copy of GPT-3 needs; what small
+#    and the planner disagree on how many GPUs one copy of GPT-3 needs; what the slides'
+#    "scale to 512 GPUs by combining data and model parallelism" gives GPT-3; what small
 #    micro-batches cost a GPU (the roofline); placement as a search problem (the slides'
 #    reinforcement-learning placer); what larger batches buy and what they may cost in
 #    accuracy; then plan Llama-3-8B, or your own `config.json`, with activation recomputation
@@ -42,8 +43,9 @@
 #    pipeline, equal to one-process training, with every message labelled by its group and
 #    link;
 # 5. see why serving a large model needs model parallelism too;
-# 6. solve five exercises; two of them ask you to predict a number before the notebook
-#    prints it, and two ask about sizes it never prints.
+# 6. solve five exercises: two ask you to predict what the notebook prints right after them
+#    (which part of memory, and a number of tokens), three ask for answers it never prints
+#    (link types, a batch size, a bubble fraction).
 
 # %% [markdown]
 # ## 1. CNNs: replicate the convolutions, split the fully connected layers
@@ -161,9 +163,21 @@ from parlab.experiments import summary_table, summary_text
 n_gpus, gpu_gb = 1024, 80  # the cluster of this section and the next
 glue("gpus", n_gpus, ",")
 glue("gpu_gb", gpu_gb)
-print(summary_text(summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb)))
+rows = summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb)
+print(summary_text(rows))
+_ = glue("ddp_buckets", rows[0].numbers["ddp_buckets"], ",")
 
 # %% [markdown]
+# The data row quotes the slides and corrects them: their "no communication during
+# forward/backward" is true of the forward pass only. Chapter 02 ran
+# `DistributedDataParallel`: its hooks all-reduce each bucket of gradients as soon as the
+# backward pass has produced it, while the pass goes on with earlier layers. For GPT-3 that
+# is <span data-glue="ddp_buckets">578</span> buckets per step, computed here by chapter 02's
+# `bucket_bytes` on a model built on PyTorch's meta device (shapes only, no memory). What
+# does hold is that no rank needs another's results to compute its own passes, as the
+# ranks of model and pipeline parallelism do: the all-reduces only sum what each rank has
+# computed, so they can run behind the backward pass instead of holding it up.
+#
 # No row wins on its own: data parallelism cannot hold GPT-3, tensor parallelism needs the
 # fast links of one server, and a pipeline idles unless it has many micro-batches. Large
 # runs use all three.
@@ -186,9 +200,14 @@ print(summary_text(summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb
 #   the replicas. Nothing is overlapped with compute, which makes the model simple and a
 #   little pessimistic.
 #
-# The batch is GPT-3's: <span data-glue="plan_batch">1,536</span> sequences of
-# <span data-glue="gpt3_seq">2,048</span> tokens. Below is the planner's verdict as an
-# explorer; the figure is the default setting (GPT-3 175B on
+# The batch is the one Narayanan et al. used for GPT-3 175B in their paper on Megatron-LM
+# (2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"):
+# <span data-glue="plan_batch">1,536</span> sequences of
+# <span data-glue="gpt3_seq">2,048</span> tokens, <span data-glue="plan_batch_mtok">3.1</span>
+# M tokens per step. Brown et al.'s paper on GPT-3 gives its batch in tokens, about 3.2 M
+# for the 175B model (2020, Table 2.1): close to this, but not the same.
+#
+# Below is the planner's verdict as an explorer; the figure is the default setting (GPT-3 175B on
 # <span data-glue="gpus">1,024</span> GPUs of <span data-glue="gpu_gb">80</span> GB,
 # <span data-glue="nic_gbps">400</span> Gb/s NICs, NVLink at
 # <span data-glue="nvlink_gbs">450</span> GB/s), and the controls re-plan for other models,
@@ -205,6 +224,7 @@ glue("h100_tflops", H100_BF16_TFLOPS, "g")
 glue("h100_tbs", H100_HBM_TB_PER_S, "g")
 glue("mfu_pct", 100 * MFU, ".0f")
 glue("plan_batch", Assumptions().global_batch, ",")
+glue("plan_batch_mtok", Assumptions().global_batch * GPT3_175B.context / 1e6, ".1f")
 glue("gpt3_seq", GPT3_175B.context, ",")
 glue("nic_gbps", explorer.controls["nic_gbps"].value)
 glue("nvlink_gbs", explorer.controls["nvlink_gbs"].value, "g")
@@ -222,13 +242,30 @@ explorer
 # micro-batch, 1F1B. Which part of the busiest GPU's memory stays the same whether pp is 8,
 # 16 or 32?
 # Answer with a part name of `parlab.memory.Breakdown`, such as `"parameters"`, before the
-# next cells print the memory of each layout.
+# next cell prints each part for the three depths.
 
 # %%
 from parlab.exercises import check
 
 answer_05_1 = ...
 check("05.1", answer_05_1)
+
+# %% [markdown]
+# The busiest GPU (the first stage) for pp = 8, 16 and 32, tp = 8, the rest of the
+# <span data-glue="gpus">1,024</span> GPUs as replicas:
+
+# %%
+from parlab.experiments import depth_table
+
+print(depth_table("GPT-3 175B", tp=8, depths=(8, 16, 32), gpus=n_gpus,
+                  global_batch=Assumptions().global_batch, gpu_memory_gb=gpu_gb))
+
+# %% [markdown]
+# Doubling the stages halves each stage's layers, and with them the weights, gradients and
+# Adam state it keeps. The activations stay: 1F1B keeps pp micro-batches in flight on the
+# first stage, each holding the activations of its L/pp layers, so pp x L/pp = L layers'
+# worth whatever pp is. At pp = 8 they take the total just over the
+# <span data-glue="gpu_gb">80</span> GB of a GPU: one of the close misses described below.
 
 # %% [markdown]
 # Pure data parallelism and every other layout that fails on memory alone, even with a
@@ -280,6 +317,57 @@ _ = glue("copy_planner", sizes[4].gpus)
 # same number of layers, and the GPUs per copy divide the cluster's
 # <span data-glue="gpus">1,024</span>. The narrowest copy
 # that meets both and fits has <span data-glue="copy_planner">128</span> GPUs.
+#
+# ### The slides' 512 GPUs
+#
+# The first slide deck's page on Megatron-LM says "Scale to 512 GPUs by combining data and
+# model parallelism". That is the recipe of Shoeybi et al.'s paper (2019, "Megatron-LM:
+# Training Multi-Billion Parameter Language Models Using Model Parallelism"): an 8.3 billion
+# parameter model split 8 ways by tensor parallelism inside a server, and 64 such copies
+# trained by data parallelism, with no pipeline. What does the planner make of
+# <span data-glue="slides_gpus">512</span> GPUs for GPT-3, with the same GPUs, links and
+# batch as above?
+
+# %%
+from parlab.hybrid import table
+
+slides_gpus = 512  # the slides' "scale to 512 GPUs"
+at_slides = search("GPT-3 175B", slides_gpus, gpu_gb)
+print(at_slides.summary())
+two_way = next(r for r in at_slides.rejected if (r.tp, r.pp) == (8, 1))
+print(f"\ndata x tensor only, dp {two_way.dp} x tp {two_way.tp} x pp {two_way.pp}: "
+      f"{two_way.reason}")
+print(f"\nthe fastest on {slides_gpus} GPUs, then the fastest on {n_gpus:,}:")
+print(table([at_slides.ranked[0], found.ranked[0]]))
+glue("slides_gpus", slides_gpus)
+glue("two_way_dp", two_way.dp)
+glue("two_way_gb", two_way.memory.total / 1e9, ".0f")
+glue("slides_fit", len(at_slides.ranked))
+glue("slides_best", at_slides.ranked[0].name.split(",")[0])
+glue("slides_best_dp", at_slides.ranked[0].dp)
+glue("slides_best_tp", at_slides.ranked[0].tp)
+glue("full_best_tp", found.ranked[0].tp)
+glue("slides_step_s", at_slides.ranked[0].step_time_s, ".1f")
+glue("full_step_s", found.ranked[0].step_time_s, ".1f")
+_ = glue("slides_slower_x", at_slides.ranked[0].step_time_s / found.ranked[0].step_time_s, ".2f")
+
+# %% [markdown]
+# Megatron-LM's two-way recipe does not hold GPT-3: with tensor parallelism capped at one
+# server, dp <span data-glue="two_way_dp">64</span> x tp 8 leaves each GPU an eighth of the
+# model with its gradients and Adam state, plus the activations of one sequence:
+# <span data-glue="two_way_gb">386</span> GB. A
+# model of GPT-3's size needs model parallelism across servers too, which is what the
+# pipeline adds. Only <span data-glue="slides_fit">3</span> layouts fit, and the fastest,
+# <span data-glue="slides_best">dp 4 x tp 4 x pp 32</span>, keeps just
+# <span data-glue="slides_best_dp">4</span> replicas: at this size the GPUs go to model
+# parallelism first, and what is left to data parallelism. A step takes
+# <span data-glue="slides_step_s">19.4</span> s against
+# <span data-glue="full_step_s">10.3</span> s on <span data-glue="gpus">1,024</span> GPUs:
+# half the GPUs, <span data-glue="slides_slower_x">1.88</span> times the time. The compute
+# doubles, but not everything else does: split over
+# <span data-glue="slides_best_tp">4</span> GPUs instead of
+# <span data-glue="full_best_tp">8</span>, the tensor-parallel all-reduces even take less
+# time.
 #
 # ### Where the ranks sit
 #
@@ -334,10 +422,15 @@ answer_05_5 = ...
 check("05.5", answer_05_5)
 
 # %% [markdown]
-# The whole block, across micro-batch sizes:
+# The answer, from the roofline (`compute_bound_tokens` solves intensity = ridge for the
+# tokens), then the whole block across micro-batch sizes:
 
 # %%
-from parlab.models import block_matmul_efficiency
+from parlab.models import block_matmul_efficiency, compute_bound_tokens
+
+out_proj = (GPT3_175B.d_model // 8, GPT3_175B.d_model)  # k x m on one of 8 tensor ranks
+print(f"output projection {out_proj[0]:,} x {out_proj[1]:,}: compute-bound from "
+      f"{compute_bound_tokens(*out_proj):,} tokens per micro-batch")
 
 print("tokens per micro-batch:    " + "".join(f"{n:>7,}" for n in (64, 128, 256, 512, 2048)))
 for tp in (1, 8):
@@ -649,9 +742,10 @@ check("05.2", answer_05_2)
 
 # %% [markdown]
 # **Exercise 05.3 (a small computation).** In the CNN of section 1, up to which batch size
-# does splitting `conv4` (the cheaper of the two tensor-parallel splits) move fewer bytes
-# per step than data parallelism? Section 1 printed the line for three other layers, not
-# this one.
+# does splitting `conv4` by tensor parallelism move fewer bytes per step than data
+# parallelism? Either split will do: `conv4` has as many input channels as output channels,
+# on the same image size, so both move the same bytes. Section 1 printed the line for three
+# other layers, not this one.
 
 # %%
 answer_05_3 = ...

@@ -165,6 +165,14 @@ def test_summary_table_rows_are_backed_by_computed_numbers():
     assert data["cnn_traffic_ratio_batch_64_vs_1"] == 1.0
     assert data["ring_bytes_per_gradient_byte"] == pytest.approx(2 * 1023 / 1024)
     assert data["times_gpu_memory"] > 30
+    # DDP's buckets for GPT-3 (bf16): every weight matrix (four d x d, two d x 4d per block,
+    # 2,048 x d positions, 50,257 x d tokens) is over the 25 MiB cap, so it closes its own
+    # bucket, the biases and LayerNorms before it riding along: 6 per block, then the two
+    # embeddings (the head shares the token table). Bytes: 2 per parameter, counted by hand.
+    d, layers = 12288, 96
+    assert data["ddp_buckets"] == 6 * layers + 2
+    assert data["ddp_bucket_bytes"] == 2 * (layers * (12 * d * d + 13 * d) + (50257 + 2048) * d
+                                            + 2 * d)
     assert rows["model"].numbers["naive_bubble_p4"] == 0.75
     assert rows["pipeline"].numbers["bubble_p4_m4"] == simulate(
         schedule("1f1b", 4, 4)).bubble_fraction == pytest.approx(3 / 7)
@@ -173,6 +181,9 @@ def test_summary_table_rows_are_backed_by_computed_numbers():
     assert tensor["block_allreduce_s_nic"] > 5 * tensor["block_allreduce_s_nvlink"]
     text = summary_text(list(rows.values()))
     assert text.count("parallelism\n") == 4
+    # the slides' claim is quoted, then qualified: the backward pass does communicate
+    assert '"Require no communication during forward/backward"' in rows["data"].pros
+    assert "backward pass all-reduces the gradients" in rows["data"].pros
 
 
 def _conv4_line_by_hand() -> int:

@@ -6,8 +6,8 @@ import pytest
 
 from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
 from parlab.models import (
-    CONFIGS, block_matmul_efficiency, block_matmuls, count_parameters, get_config,
-    matmul_efficiency
+    CONFIGS, block_matmul_efficiency, block_matmuls, compute_bound_tokens, count_parameters,
+    get_config, matmul_efficiency
 )
 from parlab.hybrid import Assumptions, evaluate, plan, search
 
@@ -39,6 +39,17 @@ def test_efficiency_rises_with_the_micro_batch_and_saturates():
     knee = math.ceil(RIDGE * k * m / (k * m - RIDGE * (k + m)))
     assert block_matmul_efficiency(config, knee, tp=8) == 1.0
     assert block_matmul_efficiency(config, knee - 1, tp=8) < 1.0
+
+
+def test_compute_bound_tokens_is_the_knee():
+    # n k m / (n k + k m + n m) = ridge (2-byte elements), solved for n by hand
+    for k, m in ((1536, 12288), (12288, 1536), (4096, 4096), (512, 2048)):
+        knee = math.ceil(RIDGE * k * m / (k * m - RIDGE * (k + m)))
+        assert compute_bound_tokens(k, m) == knee
+        assert _by_hand(knee, k, m) == 1.0 and _by_hand(knee - 1, k, m) < 1.0
+    # a weight too thin for any token count to reach the ridge: intensity < k m / (k + m)
+    assert compute_bound_tokens(256, 256) is None
+    assert compute_bound_tokens(8, 8, tb_per_s=math.inf) == 1
 
 
 def test_block_matmuls_cover_every_weight_of_a_block():

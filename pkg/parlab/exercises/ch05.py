@@ -109,8 +109,9 @@ def _ring(answer):
 
 
 @exercise("05.3", "SmallCNN on 3x32x32 images: up to which batch size does splitting conv4 "
-                  "(the cheaper tensor-parallel split) move fewer bytes per step than data "
-                  "parallelism?")
+                  "by tensor parallelism (either split: conv4 has as many input channels as "
+                  "output channels, so both move the same bytes) move fewer bytes per step "
+                  "than data parallelism?")
 def _conv4(answer):
     from parlab.hybrid import crossover_batch
     expected, value, profiles = _conv4_line(), int(answer), _profiles()
@@ -147,12 +148,8 @@ _OUT_PROJ = (12288 // 8, 12288)  # GPT-3's output projection on one of 8 tensor 
 
 def _compute_bound_tokens() -> int:
     """The fewest tokens for which the roofline calls ``_OUT_PROJ``'s product compute-bound."""
-    from parlab.models import matmul_efficiency
-    low, high = 1, 1 << 20
-    while low < high:  # the efficiency rises with the tokens: bisect for the first 1.0
-        mid = (low + high) // 2
-        low, high = (mid + 1, high) if matmul_efficiency(mid, *_OUT_PROJ) < 1 else (low, mid)
-    return low
+    from parlab.models import compute_bound_tokens
+    return compute_bound_tokens(*_OUT_PROJ)
 
 
 @exercise("05.5", "GPT-3's output projection, split over tp=8, is a 1,536 x 12,288 weight. In "

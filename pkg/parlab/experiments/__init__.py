@@ -34,7 +34,7 @@ from parlab.experiments.ch04_book import (
 from parlab.experiments.ch04_figures import qkv_example, qkv_shards, strategy_explorer
 from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's figures)
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
-from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize
+from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, depth_table
 from parlab.experiments.ch06 import stage_table
 
 __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_batch",
@@ -47,4 +47,4 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
            "split_table_reasons",
            "qkv_example", "qkv_shards", "strategy_explorer", "SummaryRow", "summary_table",
-           "summary_text", "CopySize", "copy_sizes", "copy_table", "stage_table"]
+           "summary_text", "CopySize", "copy_sizes", "copy_table", "depth_table", "stage_table"]

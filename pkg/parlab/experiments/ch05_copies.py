@@ -16,7 +16,8 @@ time:
    stages hold equal numbers of layers.
 
 Every row is computed by :func:`parlab.memory.min_gpus`, :func:`parlab.memory.estimate` or
-:func:`parlab.hybrid.plan`; nothing is typed in.
+:func:`parlab.hybrid.plan`; nothing is typed in. :func:`depth_table` shows the parts of the
+busiest GPU's memory as the pipeline deepens (the answer to exercise 05.1).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from parlab import memory
 from parlab.hybrid import bubble_fraction, plan
 from parlab.models import get_config
 
-__all__ = ["CopySize", "copy_sizes", "copy_table"]
+__all__ = ["CopySize", "copy_sizes", "copy_table", "depth_table"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +93,23 @@ def copy_table(rows: list[CopySize]) -> str:
     header = (f"{'job':<58}{'GPUs':>5}  {'split':<15}{'busiest GPU':>10}  {'fits':<5}"
               f"{'bubble':>7}")
     return "\n".join([header] + [row.row() for row in rows])
+
+
+def depth_table(model="GPT-3 175B", tp: int = 8, depths=(8, 16, 32), gpus: int = 1024,
+                global_batch: int = 1536, gpu_memory_gb: float = GPU_MEMORY_GB) -> str:
+    """Each part of the busiest GPU's memory for pipelines of ``depths`` stages: ``tp``-way
+    tensor parallelism, the rest of ``gpus`` as replicas, micro-batches of one sequence, 1F1B,
+    bf16 with Adam (as the planner counts them)."""
+    config = get_config(model)
+    columns = {}
+    for pp in depths:
+        dp = gpus // (tp * pp)
+        columns[pp] = memory.estimate(config, (global_batch, config.context), "adam", "bf16",
+                                      dp, tp, pp, global_batch // dp, "1f1b", gpu_memory_gb)
+    lines = [f"{'busiest GPU (GB)':<18}" + "".join(f"{f'pp {pp}':>9}" for pp in depths)]
+    names = [n for n in columns[depths[0]].parts() if n != "other"]
+    for name in names + ["total"]:
+        values = [b.total if name == "total" else b.parts()[name] for b in columns.values()]
+        lines.append(f"{name.replace('_', ' '):<18}" + "".join(f"{v / 1e9:>9.1f}"
+                                                              for v in values))
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS
 from parlab.units import GB, format_bytes
 
-__all__ = ["SummaryRow", "summary_table", "summary_text"]
+__all__ = ["SummaryRow", "summary_table", "summary_text", "ddp_buckets", "SLIDES_DATA_CLAIM"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,28 @@ class SummaryRow:
     numbers: dict
 
 
+#: the slides' first claim for data parallelism, word for word (summary slides 41 and 42)
+SLIDES_DATA_CLAIM = "Require no communication during forward/backward"
+
+
+def ddp_buckets(config, precision: str = "bf16") -> list[int]:
+    """Bytes of each gradient bucket DistributedDataParallel would all-reduce for ``config``.
+
+    The model is built on the meta device (shapes, no memory) in ``precision``, and its
+    parameters packed by DDP's default rule (:func:`parlab.data_parallel.bucket_bytes` with
+    a 25 MiB cap and a first bucket of 1 MiB), the rule chapter 02 checks against DDP itself.
+    """
+    import torch
+    from parlab.data_parallel import bucket_bytes, DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES
+    from parlab.memory import PRECISIONS
+    from parlab.models import GPT, Llama, LlamaConfig
+
+    with torch.device("meta"):
+        model = (Llama if isinstance(config, LlamaConfig) else GPT)(config)
+    model = model.to(PRECISIONS[precision].dtype)
+    return bucket_bytes(list(model.parameters()), DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES)
+
+
 def _data_row(config, gpus, capacity_gb) -> SummaryRow:
     from parlab.models import SmallCNN, communication_per_layer, profile
     from parlab.memory import estimate
@@ -38,16 +60,22 @@ def _data_row(config, gpus, capacity_gb) -> SummaryRow:
             for b in (1, 64)]
     whole = estimate(config, (1, config.context), "adam", "bf16").total
     ratio = sent[1] / sent[0]
+    buckets = ddp_buckets(config)
     numbers = {"ring_bytes_per_gradient_byte": ring, "cnn_traffic_ratio_batch_64_vs_1": ratio,
                "whole_model_bytes_per_gpu": whole,
-               "times_gpu_memory": whole / (capacity_gb * GB)}
-    evidence = (f"a ring all-reduce sends {ring:.3f} x the gradients per GPU at N={gpus:,}; "
+               "times_gpu_memory": whole / (capacity_gb * GB), "ddp_buckets": len(buckets),
+               "ddp_bucket_bytes": sum(buckets)}
+    evidence = (f"DDP packs {config.name}'s bf16 gradients into {len(buckets):,} buckets "
+                f"({format_bytes(sum(buckets))} in all) and all-reduces each one during the "
+                f"backward pass, as soon as its gradients are ready (chapter 02); "
+                f"a ring all-reduce sends {ring:.3f} x the gradients per GPU at N={gpus:,}; "
                 f"the CNN's gradient traffic at batch 64 over batch 1: {ratio:.2f}; "
                 f"{config.name} with Adam in bf16 needs {format_bytes(whole)} on every GPU, "
                 f"{numbers['times_gpu_memory']:.0f} times the {capacity_gb:g} GB of one GPU")
-    return SummaryRow("data", "scales out: each GPU takes its own share of the batch, and the "
-                      "forward and backward passes exchange nothing; the gradient traffic per "
-                      "step depends on the model, not on the batch",
+    return SummaryRow("data", f"scales out: each GPU takes its own share of the batch. The "
+                      f"slides: \"{SLIDES_DATA_CLAIM}\". That holds for the forward pass; the "
+                      f"backward pass all-reduces the gradients, bucket by bucket while it "
+                      f"runs, and that traffic depends on the model, not on the batch",
                       "every GPU holds the whole model and its optimizer state, so a model "
                       "larger than one GPU cannot train this way", evidence, numbers)
 

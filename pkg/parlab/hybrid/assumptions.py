@@ -11,17 +11,19 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   ``"Llama-3-8B"``), a Hugging Face ``config.json`` as a dict or a path (all read by
   :func:`parlab.models.get_config`). The planner reads its parameter count, layers, heads (and
   key/value heads), d_ff, hidden size d and context.
-- **Work**: one step trains ``global_batch`` sequences of ``seq`` tokens (GPT-3: 1536 x 2048,
-  about 3.2 M tokens); training FLOPs = 6 x parameters x tokens (forward 2, backward 4; the
-  attention-score FLOPs, a few percent at this length, are left out); each GPU does 1/gpus
-  of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x ``mfu`` (0.4: the share
-  of peak a GPU sustains in large matrix multiplications) x the roofline efficiency of a
-  micro-batch (:func:`parlab.models.block_matmul_efficiency`: a micro-batch of b x seq
-  tokens keeps a block's weight products compute-bound only if their FLOPs per byte reach
-  ``gpu_tflops / gpu_tb_per_s``, 295 on an H100; below that, the share is intensity /
-  ridge). So small micro-batches cost compute time, large ones cost bubble and memory, and
-  the search weighs the two; ``gpu_tb_per_s=math.inf`` switches the effect off. Bubbles and
-  communication come on top, so the planner's own "achieved MFU" comes out lower.
+- **Work**: one step trains ``global_batch`` sequences of ``seq`` tokens (by default 1536 x
+  2048, 3.1 M tokens: Narayanan et al.'s setting for GPT-3 175B in "Efficient Large-Scale
+  Language Model Training on GPU Clusters Using Megatron-LM", 2021; the GPT-3 paper, Brown et
+  al. 2020, Table 2.1, gives about 3.2 M tokens); training FLOPs = 6 x parameters x tokens
+  (forward 2, backward 4; the attention-score FLOPs, a few percent at this length, are left
+  out); each GPU does 1/gpus of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x
+  ``mfu`` (0.4: the share of peak a GPU sustains in large matrix multiplications) x the
+  roofline efficiency of a micro-batch (:func:`parlab.models.block_matmul_efficiency`: a
+  micro-batch of b x seq tokens keeps a block's weight products compute-bound only if their
+  FLOPs per byte reach ``gpu_tflops / gpu_tb_per_s``, 295 on an H100; below that, the share is
+  intensity / ridge). So small micro-batches cost compute time, large ones cost bubble and
+  memory, and the search weighs the two; ``gpu_tb_per_s=math.inf`` switches the effect off.
+  Bubbles and communication come on top, so the planner's own "achieved MFU" comes out lower.
 - **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
   parameter), activations of the micro-batches in flight; ``zero`` (ZeRO stage 0-3, chapter
   06) shards the model states over the dp replicas, and stage 3 makes the data-parallel
@@ -112,7 +114,7 @@ def _check_recompute(r) -> None:
 class Assumptions:
     """Everything the planner takes as given besides the model and the cluster."""
 
-    global_batch: int = 1536
+    global_batch: int = 1536          # sequences per step: Narayanan et al. 2021's GPT-3 run
     seq: int | None = None            # None: the model's context length
     precision: str = "bf16"
     optimizer: str = "adam"

@@ -7,7 +7,8 @@ and ``get_config``, ``count_parameters`` and ``build_model``, which take a confi
 family or its name), ``book_mlp`` (the MLP whose training step keeps the book's names: W,
 z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and parameters live),
 ``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares, with the
-roofline share of that speed a micro-batch of n tokens reaches), ``compare``
+roofline share of that speed a micro-batch of n tokens reaches, and the token count
+from which a product is compute-bound), ``compare``
 (``max_difference``: how far two runs' tensors are apart). Imports only the bottom modules
 of parlab (``checks``, ``hardware``).
 """
@@ -28,7 +29,7 @@ from parlab.models.cnn import (
 )
 from parlab.models.compare import max_difference
 from parlab.models.compute import (
-    block_matmul_efficiency, block_matmuls, FLOPS_PER_PARAMETER_TOKEN,
+    block_matmul_efficiency, block_matmuls, compute_bound_tokens, FLOPS_PER_PARAMETER_TOKEN,
     FORWARD_FLOPS_PER_PARAMETER_TOKEN, forward_flops, H100_BF16_TFLOPS, matmul_efficiency,
     matmul_rates, MFU, compute_seconds, flops_seconds, training_flops
 )
@@ -41,4 +42,4 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "communication_per_layer", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
            "FORWARD_FLOPS_PER_PARAMETER_TOKEN", "forward_flops",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
-           "block_matmul_efficiency", "matmul_rates", "max_difference"]
+           "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference"]

@@ -35,7 +35,8 @@ from parlab.checks import check_count, check_positive_number
 
 __all__ = ["MFU", "FLOPS_PER_PARAMETER_TOKEN", "FORWARD_FLOPS_PER_PARAMETER_TOKEN",
            "training_flops", "forward_flops", "compute_seconds", "flops_seconds",
-           "matmul_efficiency", "block_matmuls", "block_matmul_efficiency", "matmul_rates"]
+           "matmul_efficiency", "compute_bound_tokens", "block_matmuls",
+           "block_matmul_efficiency", "matmul_rates"]
 
 #: The share of peak a GPU sustains in a training step's matrix multiplications.
 MFU = 0.4
@@ -87,6 +88,29 @@ def matmul_efficiency(tokens: int, k: int, m: int, element_bytes: int = 2,
         return 1.0
     intensity = 2 * tokens * k * m / (element_bytes * (tokens * k + k * m + tokens * m))
     return min(1.0, intensity / (tflops / tb_per_s))
+
+
+def compute_bound_tokens(k: int, m: int, element_bytes: int = 2,
+                         tflops: float = H100_BF16_TFLOPS,
+                         tb_per_s: float = H100_HBM_TB_PER_S) -> int | None:
+    """The fewest tokens for which :func:`matmul_efficiency` calls a ``k x m`` product
+    compute-bound (the roofline's knee), or None if no token count reaches the ridge.
+
+    Intensity >= ridge R solves to n (2 k m - R e (k + m)) >= R e k m, e the element size:
+    n = ceil(R e k m / (2 k m - R e (k + m))), then nudged so that it agrees with
+    :func:`matmul_efficiency` to the last bit.
+    """
+    ridge = tflops / tb_per_s
+    room = 2 * k * m - ridge * element_bytes * (k + m)
+    if room <= 0:
+        return None
+    n = max(1, math.ceil(ridge * element_bytes * k * m / room))
+    full = lambda t: matmul_efficiency(t, k, m, element_bytes, tflops, tb_per_s) >= 1
+    while n > 1 and full(n - 1):
+        n -= 1
+    while not full(n):
+        n += 1
+    return n
 
 
 def block_matmuls(config, tp: int = 1) -> list[tuple[int, int]]:
