@@ -223,6 +223,7 @@ print(memory.measure(BookMLP((4, 5, 5, 2)), (8,), optimizer="sgd").table())
 #   output layer shares the token embedding matrix (tied), as in GPT-2 and GPT-3.
 
 # %%
+from parlab.experiments import book_rounding
 from parlab.models import GPT3_175B, TINY, build_model, count_parameters
 
 print(GPT3_175B)
@@ -233,6 +234,9 @@ for part in ("attention", "feed_forward", "layer_norms", "block", "blocks", "tok
 glue("gpt3_attention_m", counts["attention"] / 1e6, ".2f")
 glue("gpt3_attention_rounded_m", counts["attention"] / 1e6, ".0f")
 glue("gpt3_blocks_b", counts["blocks"] / 1e9, ".0f")
+rounding = book_rounding(GPT3_175B)
+glue("gpt3_block_rounded_b", rounding["block_rounded"] / 1e9, ".1f")
+glue("gpt3_blocks_from_rounded_b", rounding["blocks_from_rounded"] / 1e9, ".1f")
 _ = glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
 
 # %% [markdown]
@@ -240,8 +244,10 @@ _ = glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
 # <span data-glue="gpt3_attention_m">604.03</span> million parameters, which round to
 # <span data-glue="gpt3_attention_rounded_m">604</span> million, so the book's "about 605
 # million" is rounded up, not to the nearest million. Its "about 173 billion" for the 96
-# blocks comes out nearer <span data-glue="gpt3_blocks_b">174</span> billion (chapter 04
-# shows the route that gives 173); the total lands at
+# blocks comes out nearer <span data-glue="gpt3_blocks_b">174</span> billion; the book's
+# figure is what one block rounded first to
+# <span data-glue="gpt3_block_rounded_b">1.8</span> billion gives when multiplied by 96:
+# <span data-glue="gpt3_blocks_from_rounded_b">172.8</span> billion. The total lands at
 # <span data-glue="gpt3_total_b">174.6</span> billion, "about 175 billion".
 #
 # The same formula describes a real PyTorch model. `build_model` makes a GPT-style decoder

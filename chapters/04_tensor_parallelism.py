@@ -35,7 +35,8 @@
 #    and 8-18), as Megatron-LM does it, and with PyTorch's own API; check each against the
 #    single-GPU layer and count the bytes each one moves;
 # 6. run the feed-forward layer of Figure 8-19 on six ranks, tensor parallel inside each
-#    server and pipelined across, with every transfer labelled NVLink or rail switch;
+#    server and pipelined across, with every transfer labelled NVLink (the book's
+#    High-speed Domain) or rail switch, and the two ways a message can change rails;
 # 7. solve five exercises on the way: three ask you to predict a number before a cell
 #    prints it, one to count, one to find a break-even by computing or running it yourself.
 #
@@ -49,7 +50,8 @@
 # A self-attention layer holds four `d x d` matrices (W_Q, W_K, W_V and the output
 # projection W_O) plus their biases; a feed-forward layer holds two `d x d_ff` matrices.
 # `parlab.models` computes the counts from GPT-3's configuration (and builds a real model
-# whose parameters add up to the same total):
+# whose parameters add up to the same total). Where the book's figures differ from them in
+# the last digit (its 605 M and 173 B), that is rounding; chapter 01 remarks on it.
 
 # %%
 from parlab.experiments import BOOK_SAYS, gpt3_counts
@@ -91,35 +93,6 @@ from parlab.viz.plots import local_qkv_figure, transformer_figure
 show(transformer_figure(gpt3, count_parameters(gpt3)))
 
 # %% [markdown]
-# **Two of the book's numbers are not roundings of these counts.** Its "about 605 million"
-# per attention layer and "about 173 billion" for the blocks sit next to the exact counts,
-# rounded the usual way, below. The attention count rounds *down*, so 605 M is a slip.
-# The block total matches another route: round one block to
-# <span data-glue="rounding_block_b">1.8</span> billion parameters first, then multiply by
-# the <span data-glue="rounding_layers">96</span> blocks. That gives
-# <span data-glue="rounding_route_b">172.8</span> billion, which rounds to
-# <span data-glue="rounding_route_rounded_b">173</span> billion, the book's figure; the exact
-# total rounds to <span data-glue="rounding_exact_b">174</span> billion.
-
-# %%
-from parlab.experiments import book_rounding
-from parlab.viz import glue
-
-r = book_rounding()
-print(f"attention layer: {r['attention']:,} rounds to {r['attention_rounded_to_millions'] / 1e6:g} M;"
-      f" the book: {r['book_attention'] / 1e6:g} M")
-print(f"all blocks:      {r['blocks']:,} rounds to {r['blocks_rounded_to_billions'] / 1e9:g} B;"
-      f" the book: {r['book_blocks'] / 1e9:g} B")
-print(f"{r['layers']} x one block rounded to {r['block_rounded'] / 1e9:g} B first = "
-      f"{r['blocks_from_rounded'] / 1e9:g} B, which rounds to "
-      f"{r['blocks_from_rounded'] / 1e9:.0f} B")
-glue("rounding_block_b", r["block_rounded"] / 1e9, "g")
-glue("rounding_layers", r["layers"])
-glue("rounding_route_b", r["blocks_from_rounded"] / 1e9, "g")
-glue("rounding_route_rounded_b", r["blocks_from_rounded"] / 1e9, ".0f")
-_ = glue("rounding_exact_b", r["blocks_rounded_to_billions"] / 1e9, ".0f")
-
-# %% [markdown]
 # ### Does one layer exceed a GPU? Not in GPT-3
 #
 # The chapter motivates tensor parallelism by saying that a single layer alone often
@@ -132,6 +105,7 @@ _ = glue("rounding_exact_b", r["blocks_rounded_to_billions"] / 1e9, ".0f")
 # %%
 from parlab.experiments import layer_memory
 from parlab.units import GB
+from parlab.viz import glue
 
 lm = layer_memory(tp=8, microbatches=8)
 print(f"feed-forward layer: {lm['ffn_parameters']:,} parameters, "
@@ -222,6 +196,20 @@ show(local_qkv_figure(qkv_example()))
 n_tokens, width = qkv_example()["X"].shape
 glue("qkv_tokens", n_tokens)
 _ = glue("qkv_d_model", width)
+
+# %% [markdown]
+# **The book's names, and this notebook's.** Figures 8-16 to 8-19 and the text around them
+# name their matrices with letters: the embeddings are Eepv in Figure 8-16 and Eevp in
+# Figure 8-17 (one matrix, spelled two ways), the output of the first hidden layer of
+# Figure 8-19 is ynA1+B1. This map takes each name to the one used here (the weights as the
+# book draws them, inputs x outputs; `nn.Linear` stores their transposes) and gives its
+# size in Figure 8-16's example above (section 5's runs take two such sequences) and in
+# section 6's feed-forward run.
+
+# %%
+from parlab.experiments import book_names_table
+
+print(book_names_table())
 
 # %% [markdown]
 # ## 2. Cutting tensors: who owns which slice
@@ -556,21 +544,33 @@ size = dict(d_model=8, n_heads=2, batch=2, seq=4)  # the small layer of this sec
 show(qkv_sharding_figure(qkv_shards(size["d_model"], ranks=2), n_heads=size["n_heads"]))
 
 # %% [markdown]
-# Two slips in the book around this figure. Its caption speaks of "Shared" Q, K and V
-# matrices; *sharded* is meant, since each GPU holds a different part and nothing is
-# shared. And its text says the embedding matrix X is distributed between A1 and A2 as
-# well, while the next figure, 8-18, broadcasts X from A1 to A2. Figure 8-18 is right. With
-# W_Q split by output features (columns), every one of A1's output features is a sum over
-# *all* of X's features, so A1 needs the whole X. A1's slice of Q, computed from the whole
-# X and from only its share of X's features, against the true slice:
+# One slip and one ambiguity in the book around this figure. Its caption speaks of
+# "Shared" Q, K and V matrices; *sharded* is meant, since each GPU holds a different part
+# and nothing is shared. And its text says that the embeddings Eevp (X here) are "also
+# distributed between GPU A1 and GPU A2". That word has two readings:
+#
+# 1. **split**, each GPU holding a share of X's features, as the weights are split (the
+#    text's "corresponding fragment of Eevp" points this way);
+# 2. **copied**, each GPU holding all of X, which is what Figure 8-18 does when it
+#    broadcasts X from A1 to A2.
+#
+# With W_Q split by output features (columns), every one of A1's output features is a sum
+# over *all* of X's features. A1's slice of Q under each reading, against the true slice:
 
 # %%
 from parlab.experiments import column_split_input
 
 errors = column_split_input(d_model=size["d_model"], tokens=size["seq"], parts=2)
-print(f"from the whole X: equal to the true slice (difference below 1e-6): "
-      f"{errors['whole_input'] < 1e-6}")
-print(f"from A1's share of X's features: off by up to {errors['input_share']:.2f}")
+print(f"reading 1, A1 holds its share of X's features: off by up to {errors['input_share']:.2f}")
+print(f"reading 2, A1 holds a copy of all of X: equal to the true slice (difference below "
+      f"1e-6): {errors['whole_input'] < 1e-6}")
+
+# %% [markdown]
+# Read as a split, the sentence is wrong: A1 would compute a partial sum, not its slice.
+# Read as a copy, it is right and says what Figure 8-18 draws: the book's run below
+# broadcasts X to both GPUs, multiplies each copy by that GPU's shards, and equals the
+# single-GPU layer. So the text and Figure 8-18 agree under the second reading, and only
+# the words "corresponding fragment" make the first one tempting.
 
 # %% [markdown]
 # **The book's way** (Figure 8-18), made exact by `BookAttention`:
@@ -640,7 +640,8 @@ for c in attention.values():
 
 # %% [markdown]
 # Outputs and gradients (every weight and bias, and the input) equal the single-GPU layer
-# in all three.
+# in all three. The book's run is the second reading of "distributed" at work: X is
+# copied to both GPUs by the broadcast, and each copy meets that GPU's shards.
 #
 # **Exercise 04.3 (predict first).** The next cell prints what each split moved. Before you
 # run it: how many bytes does the book's forward pass (steps 1 to 5 above) put on the
@@ -827,7 +828,8 @@ print(f"GPT-3's feed-forward:   {' -> '.join(map(str, widths['transformer']))} "
 # one server, and pipeline stages hold whole blocks.
 #
 # In the figure, each layer is a pipeline stage in its own server, and inside the server
-# its neurons are split between the two GPUs, which talk over NVLink. The A GPUs of all
+# its neurons are split between the two GPUs, which talk over NVLink: the book calls the
+# NVLink-connected GPUs of a server the *High-speed Domain* (HsD). The A GPUs of all
 # three servers hang off rail switch 1, the B GPUs off rail switch 2. Ranks are numbered
 # server by server, which gives exactly the figure's names:
 
@@ -839,12 +841,12 @@ for place in layout((4, 6, 4, 2), tensor=2):
 
 # %% [markdown]
 # Forward, per micro-batch (the book's context vectors C1, C2): each GPU computes its
-# neurons from the stage's whole input, the two halves are all-gathered inside the server,
+# neurons from the stage's whole input, the two halves are all-gathered over the HsD,
 # and each GPU sends the assembled output to the next stage's GPU on its own rail (A1 to
 # A2, B1 to B2), so no packet crosses the spine. Backward: the output error flows back;
 # each GPU's neurons' errors give its weight gradients locally, and the error for the
 # previous stage's outputs is a sum over *all* of this stage's neurons, half of which live
-# on the partner GPU. So the partners all-reduce that sum over NVLink, then send it back
+# on the partner GPU. So the partners all-reduce that sum over the HsD, then send it back
 # along the rails. That all-reduce is the synchronization this network needs. The weight
 # gradients need none: each weight lives on exactly one GPU. Here the chapter says
 # otherwise: it all-reduces the feed-forward weights' gradients across the GPUs "before
@@ -939,7 +941,49 @@ for gbps in (100, 400):
 # another. The NVLink side has more of them (every micro-batch's all-gather and, backward,
 # the steps of each all-reduce) at a lower latency than a hop through a rail switch. With
 # GPT-3's widths the bytes take over, and then NVLink's bandwidth (the ratio printed
-# above) is why the chapter keeps the chatty tensor-parallel traffic inside the server.
+# above) is why the chapter keeps the chatty tensor-parallel traffic inside the
+# High-speed Domain.
+
+# %% [markdown]
+# ### Between rails: the spine, or a relay over the High-speed Domain
+#
+# No message of this run changed rails. When one has to (A1 to B2), the book gives two
+# ways. The rail switches can be joined by spine switches: the message leaves by A1's NIC,
+# crosses rail switch 1, a spine switch and rail switch 2. Or it can first go over the
+# High-speed Domain to the GPU of A1's server on B2's rail, B1, which sends it along rail 2:
+# NCCL does this and calls it PXN ("PCI x NVLink"). `Topology.route` gives both. To count
+# them, take the run's messages between servers and address each to the other GPU of the
+# receiving server (A1 to B2 instead of A2), so that all of them change rails:
+
+# %%
+from parlab.experiments import cross_rail_bytes
+
+crossed = cross_rail_bytes(ffn, cluster)
+for phase, row in crossed.items():
+    print(f"{phase}: {row['messages']} messages, {row['bytes']} B")
+    for via in ("spine", "relay"):
+        w = row[via]
+        print(f"  by the {via:<5}: NVLink {w['nvlink']:>3} B, rail {w['rail']:>3} B, spine "
+              f"{w['spine']:>3} B; passes through a network switch: {w['switches']}")
+fwd = crossed["forward"]
+glue("xr_messages", fwd["messages"])
+glue("xr_bytes", fwd["bytes"])
+glue("xr_spine_switches", fwd["spine"]["switches"] // fwd["messages"])
+_ = glue("xr_relay_switches", fwd["relay"]["switches"] // fwd["messages"])
+
+# %% [markdown]
+# By the spine, the forward pass's <span data-glue="xr_messages">8</span> messages put their
+# <span data-glue="xr_bytes">320</span> B through the spine, each passing
+# <span data-glue="xr_spine_switches">3</span> network switches. By the relay, the same
+# <span data-glue="xr_bytes">320</span> B cross the High-speed Domain once and a rail once,
+# and never the spine: each message passes
+# <span data-glue="xr_relay_switches">1</span> network switch. The relay costs an extra
+# copy of the bytes, on the link with the most bandwidth (the NVLink/NIC ratio printed
+# above); it saves switch hops and keeps the traffic off the spine, which all the traffic
+# between rails shares. (The time model here treats the spine as never congested, so that
+# saving does not show in its times.) The book's forward pass already has the relay's
+# shape: the all-gather puts H1's whole output on B1 over the High-speed Domain, and B1
+# sends it along rail 2, so nothing needs to go from A1 to B2.
 #
 # A layout that does not fit the layers is refused with the reason, before any rank
 # starts:

@@ -4,7 +4,9 @@ import pytest
 
 from parlab.comm import ring_wire_bytes
 from parlab.tensor_parallel import counting
-from parlab.experiments import BOOK_SAYS, gpt3_counts, run_ffn, run_layer_strategy
+from parlab.experiments import (
+    BOOK_SAYS, book_names, cross_rail_bytes, gpt3_counts, run_ffn, run_layer_strategy
+)
 from parlab.comm import figure_8_19
 from parlab.tensor_parallel import layout
 
@@ -33,6 +35,32 @@ def test_six_ranks_equal_one_device(backend):
                 kind = topology.link_type(t.src, t.dst)
                 assert kind == ("rail" if t.op == "send" else "nvlink"), (phase, t)
             assert log.time(topology) > 0
+        # moved across rails: per micro-batch of 2 samples, 2 x 6 floats leave H1's stage
+        # and 2 x 4 leave H2's, from both GPUs (backward: the same sizes come back)
+        sent = 2 * (2 * (2 * 6 * 4) + 2 * (2 * 4 * 4))
+        crossed = cross_rail_bytes(c, topology)
+        for phase in ("forward", "backward"):
+            assert crossed[phase]["messages"] == 8 and crossed[phase]["bytes"] == sent == 320
+            assert crossed[phase]["spine"] == {"nvlink": 0, "rail": 0, "spine": sent,
+                                               "switches": 8 * 3}
+            assert crossed[phase]["relay"] == {"nvlink": sent, "rail": sent, "spine": 0,
+                                               "switches": 8 * 1}
+
+
+def test_book_names_map_to_the_notebooks_with_their_sizes():
+    # the names as the book's text spells them (Figures 8-16 to 8-19), sizes by hand: Figure
+    # 8-16's example has 4 tokens and d_model 8; run_ffn's batch of 4 in 2 micro-batches
+    rows = {r["book"]: r for r in book_names()}
+    assert list(rows) == ["Eepv", "Eevp", "Q, K, V matrices", "Q, K, V vectors",
+                          "first/second fragments", "Cv", "C1, C2", "H1, H2", "ynA1+B1",
+                          "ynA2+B2"]
+    assert [rows[n]["here"] for n in ("Eepv", "Eevp", "Q, K, V matrices", "Cv")] == \
+        ["4 x 8", "4 x 8", "8 x 8", "4 x 8"]
+    assert rows["first/second fragments"]["here"] == "A1 columns 0-3; A2 columns 4-7"
+    assert rows["C1, C2"]["here"] == "2 x 4 each"
+    assert rows["H1, H2"]["here"] == "neurons 1-3 on A1, 4-6 on B1; 1-2 on A2, 3-4 on B2"
+    assert (rows["ynA1+B1"]["here"], rows["ynA2+B2"]["here"]) == ("2 x 6", "2 x 4")
+    assert rows["Eepv"]["notebook"].startswith("X") and rows["Cv"]["notebook"].startswith("context")
 
 
 def test_more_ranks_than_neurons_is_a_clear_error():

@@ -16,6 +16,19 @@ def test_figure_8_19_names_and_links():
     assert [top.server(r) for r in range(6)] == [1, 1, 2, 2, 3, 3]
 
 
+def test_routes_between_rails():
+    top = figure_8_19()  # A1 = 0, B1 = 1, A2 = 2, B2 = 3
+    assert top.route("A1", "B2") == [(0, 3, "spine")]
+    assert top.route("A1", "B2", via="relay") == [(0, 1, "nvlink"), (1, 3, "rail")]
+    for via in ("spine", "relay"):  # one way only along a rail or inside a server
+        assert top.route("A1", "A2", via) == [(0, 2, "rail")]
+        assert top.route("B1", "A1", via) == [(1, 0, "nvlink")]
+    # 8 GPUs a server: D1 (rank 3) to E2 (rank 12) relays through E1 (rank 4)
+    assert rail_optimized(2).route(3, 12, "relay") == [(3, 4, "nvlink"), (4, 12, "rail")]
+    with pytest.raises(ValueError, match="via must be one of"):
+        top.route(0, 3, via="pxn")
+
+
 def test_names_of_eight_gpu_servers_round_trip():
     assert [gpu_name(r) for r in (0, 7, 8, 15)] == ["A1", "H1", "A2", "H2"]
     assert all(rank_of(gpu_name(r)) == r for r in range(64))

@@ -15,8 +15,8 @@ from parlab.comm.cost import (
     ring_wire_bytes
 )
 from parlab.comm.topology import (
-    LINK_TYPES, NVLINK, figure_8_19, gpu_name, link_type, LinkSpec, nic, rail_optimized,
-    rank_of, Topology
+    LINK_TYPES, NETWORK_SWITCHES, NVLINK, figure_8_19, gpu_name, link_type, LinkSpec, nic,
+    rail_optimized, rank_of, ROUTES, Topology
 )
 from parlab.comm.mesh import GROUP_KINDS, Coordinates, Mesh
 from parlab.comm.collectives import COLLECTIVES, one_collective
@@ -27,5 +27,6 @@ from parlab.comm.trace import chrome_trace, load_trace, trace_summary
 __all__ = ["Transfer", "TrafficLog", "ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank",
            "allreduce_steps", "allreduce_time", "bus_bandwidth", "LinkSpec", "NVLINK", "nic",
            "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of", "link_type",
-           "LINK_TYPES", "Mesh", "Coordinates", "GROUP_KINDS", "COLLECTIVES", "one_collective",
+           "LINK_TYPES", "ROUTES", "NETWORK_SWITCHES", "Mesh", "Coordinates", "GROUP_KINDS",
+           "COLLECTIVES", "one_collective",
            "toy", "run_with_traffic", "chrome_trace", "load_trace", "trace_summary"]

@@ -1,10 +1,13 @@
 """Where the GPUs sit and what connects them: GPU names, servers, NVLink, rails and the spine.
 
 The chapter's Figure 8-19 shows the layout used by large training clusters, called
-*rail-optimized*: GPUs in a server talk over NVLink (the book's high-speed domain); each
-GPU also has its own network card (NIC), and the k-th NIC of every server plugs into the
-same switch, rail switch k. So GPUs with the same position in different servers are one
-switch apart, and GPUs on different rails need a spine switch between the rails.
+*rail-optimized*: GPUs in a server talk over NVLink (the book's High-speed Domain, HsD);
+each GPU also has its own network card (NIC), and the k-th NIC of every server plugs into
+the same switch, rail switch k. So GPUs with the same position in different servers are one
+switch apart. A message between rails (A1 to B2) has two ways (:meth:`Topology.route`), both
+in the book: through a spine switch between the rail switches, or over the High-speed Domain
+to the GPU of its own server that sits on the destination's rail, which sends it along that
+rail (NCCL calls this relay PXN, "PCI x NVLink").
 
 Names follow the figure: the letter is the GPU's position inside its server, which is
 also its rail (A on rail 1, B on rail 2, ...); the number is its server. A1, A2, A3 share
@@ -35,9 +38,16 @@ from parlab.hardware import NIC_GBPS, NIC_SPEEDS_GBPS, NVLINK_GB_PER_S
 from parlab.checks import check_count
 
 __all__ = ["LinkSpec", "NVLINK", "nic", "Topology", "rail_optimized", "figure_8_19",
-           "gpu_name", "rank_of", "link_type", "LINK_TYPES"]
+           "gpu_name", "rank_of", "link_type", "LINK_TYPES", "ROUTES", "NETWORK_SWITCHES"]
 
 LINK_TYPES = ("nvlink", "rail", "spine")
+
+#: The two ways between rails: through the spine, or relayed over the High-speed Domain.
+ROUTES = ("spine", "relay")
+
+#: Network switches a message passes on each type of hop: none on NVLink (inside the
+#: server), its rail switch, or rail switch, spine switch and the other rail switch.
+NETWORK_SWITCHES = {"nvlink": 0, "rail": 1, "spine": 3}
 
 @dataclass(frozen=True)
 class LinkSpec:
@@ -148,6 +158,23 @@ class Topology:
     def link(self, src, dst) -> LinkSpec:
         """The LinkSpec of the path from ``src`` to ``dst``."""
         return self.links[self.link_type(src, dst)]
+
+    def route(self, src, dst, via: str = "spine") -> list[tuple[int, int, str]]:
+        """The hops of a message from ``src`` to ``dst``: ``[(from, to, link type), ...]``.
+
+        Inside a server or along one rail there is one way, one hop. Between rails ``via``
+        picks the way: ``"spine"`` is one hop through the spine (the message leaves by
+        ``src``'s NIC); ``"relay"`` is two hops, NVLink to the GPU of ``src``'s server on
+        ``dst``'s rail, then that GPU's NIC along the rail (NCCL's PXN).
+        """
+        if via not in ROUTES:
+            raise ValueError(f"via must be one of {ROUTES}, got {via!r}")
+        src, dst = _as_rank(src, self.gpus_per_server), _as_rank(dst, self.gpus_per_server)
+        kind = self.link_type(src, dst)
+        if kind != "spine" or via == "spine":
+            return [(src, dst, kind)]
+        relay = src - src % self.gpus_per_server + dst % self.gpus_per_server
+        return [(src, relay, "nvlink"), (relay, dst, "rail")]
 
     def with_nic(self, gbps: float) -> Topology:
         """The same cluster with NICs of ``gbps`` Gb/s."""

@@ -31,7 +31,9 @@ from parlab.experiments.ch04_book import (
     embedding_wire_bytes, ffn_backward_sums, ffn_widths, gpt3_counts, gradient_shard_bytes,
     layer_memory, softmax_and_context, split_table_reasons
 )
-from parlab.experiments.ch04_figures import qkv_example, qkv_shards, strategy_explorer
+from parlab.experiments.ch04_figures import (
+    book_names, book_names_table, cross_rail_bytes, qkv_example, qkv_shards, strategy_explorer
+)
 from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's figures)
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, depth_table
@@ -46,5 +48,6 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "gradient_shard_bytes", "ffn_backward_sums", "layer_memory", "book_rounding",
            "column_split_input", "softmax_and_context", "ffn_widths", "embedding_wire_bytes",
            "split_table_reasons",
-           "qkv_example", "qkv_shards", "strategy_explorer", "SummaryRow", "summary_table",
-           "summary_text", "CopySize", "copy_sizes", "copy_table", "depth_table", "stage_table"]
+           "qkv_example", "qkv_shards", "book_names", "book_names_table", "cross_rail_bytes",
+           "strategy_explorer", "SummaryRow", "summary_table", "summary_text", "CopySize",
+           "copy_sizes", "copy_table", "depth_table", "stage_table"]

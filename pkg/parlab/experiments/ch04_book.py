@@ -14,8 +14,10 @@ here:
   GPT-3; what tensor parallelism does buy (activation memory and compute per layer, and
   far fewer pipeline stages) is computed next to it.
 - :func:`book_rounding`: 605 M and 173 B are not what rounding the exact counts gives.
-- :func:`column_split_input`: a column-split weight needs the *whole* input on every GPU,
-  so the embeddings must be broadcast (Figure 8-18), not distributed (Figure 8-17's text).
+- :func:`column_split_input`: a column-split weight needs the *whole* input on every GPU.
+  Figure 8-17's text says the embeddings are "distributed" between A1 and A2: read as a
+  split of their features it is wrong, read as a copy on each GPU (Figure 8-18's
+  broadcast) it is right.
 - :func:`softmax_and_context`: the softmax gives attention weights; the context vector is
   those weights times V.
 - :func:`ffn_widths`: the book's feed-forward network next to a transformer's.
@@ -211,8 +213,9 @@ def column_split_input(d_model: int = 8, tokens: int = 4, parts: int = 2, seed: 
     """Largest error of rank 0's slice of Q = X W_Q^T when it sees all of X, or only its share.
 
     W_Q is split by output features (columns of the book's W, rows of ``nn.Linear.weight``),
-    as in Figures 8-17 and 8-18. With the whole X the slice is exact; with X "distributed"
-    (rank 0 holding only its share of X's features) it is a partial sum, and wrong.
+    as in Figures 8-17 and 8-18. The two readings of X "distributed" between the ranks: a
+    copy on each (``whole_input``, Figure 8-18's broadcast) gives the exact slice; a split
+    (``input_share``: rank 0 holding only its share of X's features) gives a partial sum.
     """
     check_count("d_model", d_model)
     check_count("tokens", tokens)

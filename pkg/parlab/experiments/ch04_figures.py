@@ -2,6 +2,9 @@
 hands the result to :mod:`parlab.viz.plots`, which only draws.
 
 :func:`qkv_example` computes Figure 8-16's numbers from a real small model;
+:func:`book_names` maps the book's matrix names (Eepv, Eevp, ynA1+B1, ...) in Figures 8-16 to
+8-19 to the notebook's, with their sizes here; :func:`cross_rail_bytes` takes Figure 8-19's
+messages between servers across rails, by the spine or relayed over the High-speed Domain;
 :func:`strategy_explorer` runs one linear layer under each of the slides' three strategies on
 toy-backend ranks at every move of its sliders.
 """
@@ -10,18 +13,21 @@ from __future__ import annotations
 
 import torch
 
-from parlab.comm import ring_wire_bytes
+from parlab.comm import NETWORK_SWITCHES, ring_wire_bytes, ROUTES, Topology
 from parlab.experiments.ch04_attention import run_attention, run_ffn
 from parlab.experiments.ch04_layers import run_layer_strategy
 from parlab.models import GPT3_175B, TransformerConfig, build_model, count_parameters
-from parlab.tensor_parallel import attention_bytes, shard_spec, ShardSpec, slide_costs, total
+from parlab.tensor_parallel import (
+    attention_bytes, FIGURE_8_19_SIZES, layout, shard_spec, ShardSpec, slide_costs, total
+)
 from parlab.viz import Explorer, explore, figure
 from parlab.viz.plots import (
     attention_bytes_figure, book_attention_figure, ffn_figure, local_qkv_figure,
     qkv_sharding_figure, strategy_figure, transformer_figure
 )
 
-__all__ = ["qkv_example", "qkv_shards", "strategy_rows", "strategy_explorer"]
+__all__ = ["qkv_example", "qkv_shards", "book_names", "book_names_table", "cross_rail_bytes",
+           "strategy_rows", "strategy_explorer"]
 
 
 def qkv_example(tokens=(3, 7, 1, 5), seed: int = 0) -> dict[str, torch.Tensor]:
@@ -54,6 +60,98 @@ def qkv_shards(d_model: int = 8, ranks: int = 2) -> dict[str, list[ShardSpec]]:
     names = [f"A{r + 1}" for r in range(ranks)]
     return {letter: shard_spec(f"W_{letter}", (d_model, d_model), "rows", ranks, owners=names)
             for letter in "QKV"}
+
+
+def book_names(sizes=FIGURE_8_19_SIZES, batch: int = 4, micro_batches: int = 2) -> list[dict]:
+    """The book's names in Figures 8-16 to 8-19, each with the notebook's name and its size here.
+
+    One dict per name: ``book`` (as the book spells it), ``figure``, ``what`` it is,
+    ``notebook`` (where the notebook holds it) and ``here`` (its shape or split with the
+    sizes chapter 04 runs: :func:`qkv_example`, :func:`qkv_shards` and ``run_ffn(sizes,
+    batch=batch, micro_batches=micro_batches)``).
+    """
+    if batch % micro_batches:
+        raise ValueError(f"batch={batch} must split into micro_batches={micro_batches} equal "
+                         f"micro-batches")
+    qkv, shards = qkv_example(), qkv_shards()
+    places = layout(sizes, 2)
+    rows_per_micro_batch = batch // micro_batches
+
+    def split(layer):
+        return ", ".join(f"{p.neurons[0]}-{p.neurons[1]} on {p.gpu}" if p.neurons[0] != p.neurons[1]
+                         else f"{p.neurons[0]} on {p.gpu}" for p in places if p.layer == layer)
+
+    def columns(spec):
+        return f"{spec.owner} columns {spec.start}-{spec.stop - 1}"
+
+    def shape(t):
+        return " x ".join(map(str, t.shape))
+
+    return [
+        {"book": "Eepv", "figure": "8-16", "what": "word + position embeddings, normalized",
+         "notebook": "X (x in the runs)", "here": shape(qkv["X"])},
+        {"book": "Eevp", "figure": "8-17", "what": "the same matrix",
+         "notebook": "X, broadcast A1->A2", "here": shape(qkv["X"])},
+        {"book": "Q, K, V matrices", "figure": "8-16", "what": "the weights",
+         "notebook": "W_Q, W_K, W_V", "here": shape(qkv["W_Q"])},
+        {"book": "Q, K, V vectors", "figure": "8-16", "what": "Eepv times the weights",
+         "notebook": "Q, K, V", "here": shape(qkv["Q"])},
+        {"book": "first/second fragments", "figure": "8-17", "what": "the weights' shards",
+         "notebook": "qkv_shards()", "here": "; ".join(columns(s) for s in shards["Q"])},
+        {"book": "Cv", "figure": "8-18", "what": "softmax weights times V",
+         "notebook": "context (W_O's input)", "here": shape(qkv["V"])},
+        {"book": "C1, C2", "figure": "8-19", "what": "context vectors, in turn",
+         "notebook": "run_ffn's micro-batches",
+         "here": f"{rows_per_micro_batch} x {sizes[0]} each"},
+        {"book": "H1, H2", "figure": "8-19", "what": "hidden layers, a stage each",
+         "notebook": "layout()'s H1, H2", "here": f"neurons {split('H1')}; {split('H2')}"},
+        {"book": "ynA1+B1", "figure": "8-19", "what": "H1's output, all-gathered",
+         "notebook": "y, sent A1->A2, B1->B2", "here": f"{rows_per_micro_batch} x {sizes[1]}"},
+        {"book": "ynA2+B2", "figure": "8-19", "what": "H2's output, all-gathered",
+         "notebook": "y, sent A2->A3, B2->B3", "here": f"{rows_per_micro_batch} x {sizes[2]}"},
+    ]
+
+
+def book_names_table(rows: list[dict] | None = None) -> str:
+    """:func:`book_names` as a text table, one line per name."""
+    rows = book_names() if rows is None else rows
+    head = {"book": "the book", "figure": "figure", "what": "what it is",
+            "notebook": "in this notebook", "here": "here"}
+    keys = ("book", "figure", "what", "notebook", "here")
+    widths = {k: max(len(r[k]) for r in [head, *rows]) for k in keys}
+    return "\n".join("  ".join(f"{r[k]:<{widths[k]}}" for k in keys).rstrip()
+                     for r in [head, *rows])
+
+
+def cross_rail_bytes(comparison, topology: Topology) -> dict:
+    """Figure 8-19's messages between servers, moved across rails, by each way between rails.
+
+    ``comparison`` is a ``run_ffn(..., backend="toy")`` run, whose sends between servers
+    all stay on one rail. Each is re-addressed to the other rail's GPU of the receiving
+    server (A1 -> B2 instead of A1 -> A2), then routed by :meth:`Topology.route` both ways.
+    Per phase: ``messages`` and their ``bytes``, and per way (``"spine"``, ``"relay"``) the
+    bytes on each link type and ``switches``, the passes of a message through a network switch
+    (:data:`parlab.comm.NETWORK_SWITCHES`), all messages together.
+    """
+    if comparison.traffic is None:
+        raise ValueError("no traffic was logged: run run_ffn(..., backend='toy')")
+    g = topology.gpus_per_server
+    if g < 2:
+        raise ValueError("one GPU per server has no other rail to cross to")
+    out = {}
+    for phase, log in comparison.traffic.items():
+        sends = [t for t in log.records
+                 if t.op == "send" and topology.link_type(t.src, t.dst) == "rail"]
+        row = {"messages": len(sends), "bytes": sum(t.nbytes for t in sends)}
+        for via in ROUTES:
+            per = {"nvlink": 0, "rail": 0, "spine": 0, "switches": 0}
+            for t in sends:
+                for _, _, kind in topology.route(t.src, t.dst - t.dst % g + (t.dst + 1) % g, via):
+                    per[kind] += t.nbytes
+                    per["switches"] += NETWORK_SWITCHES[kind]
+            row[via] = per
+        out[phase] = row
+    return out
 
 
 #: Which collective of each strategy's step carries the tensor the slide counts:
