@@ -16,7 +16,7 @@
 # # 05 · Combining strategies: choosing data, tensor and pipeline degrees
 #
 # Chapters 02 to 04 took one strategy at a time. Real training runs combine them: the book's
-# note 8-2 already splits a layer's data across GPUs inside a pipeline, Figure 8-19 puts
+# Note 8-2 already splits a layer's data across GPUs inside a pipeline, Figure 8-19 puts
 # tensor parallelism inside a server and the pipeline along the rail switches, and the slide
 # decks end with DeepSpeed's "3D parallelism". Someone has to choose how many GPUs go to
 # each dimension. This chapter does it with the tools of the earlier chapters.
