@@ -26,9 +26,9 @@
 #
 # One correction first. The book's Notes 8-1 and 8-2 motivate data parallelism by a dataset
 # too large for one GPU, with layers spread over GPUs. Neither is what it does: every GPU
-# holds *all* the layers, and a dataset of any size streams through one GPU batch by batch. What data
-# parallelism buys is throughput: N replicas process N times the samples per step, at the
-# price of one gradient synchronization per step.
+# holds *all* the layers, and a dataset of any size streams through one GPU batch by batch.
+# What data parallelism buys is throughput: N replicas process N times the samples per step,
+# at the price of one gradient synchronization per step.
 #
 # In this notebook you will:
 #
