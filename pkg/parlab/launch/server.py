@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+import sys
 import threading
 from multiprocessing import spawn
 
@@ -56,12 +57,24 @@ def preload(*modules: str) -> bool:
     return True
 
 
+def _imported_parlab() -> list[str]:
+    """The parlab modules this process has imported (the maintainers' tools aside).
+
+    A rank runs functions of the caller's modules (a chapter's experiments, a strategy's
+    layers); importing them in every rank of every launch costs seconds (the experiments pull
+    in matplotlib and ipywidgets), so the server imports what the caller already uses, once.
+    """
+    return sorted(m for m in sys.modules
+                  if m.startswith("parlab.") and not m.startswith("parlab.tools"))
+
+
 def context():
     """The forkserver context, preloading torch and parlab once per Python process."""
     global _forkserver_ready
     ctx = mp.get_context("forkserver")
     if not _forkserver_ready:
-        ctx.set_forkserver_preload(list(_preload))
+        ctx.set_forkserver_preload(list(_preload) + [m for m in _imported_parlab()
+                                                     if m not in _preload])
         _forkserver_ready = True
         _wrap_preparation_data()
     return ctx
