@@ -378,8 +378,7 @@ def test_the_drawing_rule_reports_planted_violations():
 
 
 def test_rank_starters_are_all_listed():
-    sources = {name: path.read_text() for name, path in MODULES.items()
-               if _level(_layer(name)) is not None and _level(_layer(name)) < _level("viz")}
+    sources = _below_viz_sources()
     missing = rank_starters(sources) - RANK_STARTERS
     assert missing == set(), f"add these to RANK_STARTERS: {sorted(missing)}"
 

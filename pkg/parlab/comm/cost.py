@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from parlab.hardware import NIC_GBPS
 from parlab.comm.topology import LinkSpec, nic
 from parlab.checks import check_count
 
@@ -102,7 +103,7 @@ def allreduce_time(nbytes: float, n: int, algorithm: str = "ring",
     one after the other, so their time is about twice the busiest rank's sent bytes over the
     bandwidth. The default link is a 400 Gb/s NIC.
     """
-    link = link or nic(400)
+    link = link or nic(NIC_GBPS)
     steps = allreduce_steps(n, algorithm)
     per_step = {"ring": nbytes / n, "naive": (n - 1) * nbytes, "tree": nbytes}[algorithm]
     return steps * (link.alpha + per_step / link.bandwidth)

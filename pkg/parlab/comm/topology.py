@@ -69,7 +69,8 @@ NVLINK = LinkSpec("nvlink", alpha=1e-6, bandwidth=NVLINK_GB_PER_S * 1e9)
 def nic(gbps: float = NIC_GBPS, hops: str = "rail") -> LinkSpec:
     """A NIC of ``gbps`` Gb/s, through one rail switch (``"rail"``) or through the spine."""
     if gbps <= 0:
-        raise ValueError(f"a NIC needs a positive speed in Gb/s (usual: {NIC_SPEEDS_GBPS}), got {gbps}")
+        raise ValueError(f"a NIC needs a positive speed in Gb/s (usual: {NIC_SPEEDS_GBPS}), "
+                         f"got {gbps}")
     if hops not in ("rail", "spine"):
         raise ValueError(f"hops must be 'rail' or 'spine', got {hops!r}")
     return LinkSpec(hops, alpha=2e-6 if hops == "rail" else 3e-6, bandwidth=gbps * 1e9 / 8)
@@ -192,7 +193,7 @@ class Topology:
                 f"NVLink {self.links['nvlink'].bandwidth / 1e9:g} GB/s, NICs {nic_gbps:g} Gb/s")
 
 
-def rail_optimized(servers: int, gpus_per_server: int = 8, nic_gbps: float = 400,
+def rail_optimized(servers: int, gpus_per_server: int = 8, nic_gbps: float = NIC_GBPS,
                    nvlink: LinkSpec = NVLINK) -> Topology:
     """A rail-optimized cluster: NVLink inside servers, one NIC per GPU to its rail switch."""
     _check_layout(gpus_per_server)
@@ -201,6 +202,6 @@ def rail_optimized(servers: int, gpus_per_server: int = 8, nic_gbps: float = 400
     return Topology(servers, gpus_per_server, links)
 
 
-def figure_8_19(nic_gbps: float = 400) -> Topology:
+def figure_8_19(nic_gbps: float = NIC_GBPS) -> Topology:
     """Figure 8-19's cluster: 3 servers of 2 GPUs; A1-A2-A3 on rail 1, B1-B2-B3 on rail 2."""
     return rail_optimized(3, 2, nic_gbps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parlab.hardware import NIC_GBPS
 from parlab.comm import (
     ALGORITHMS, allreduce_bytes_per_rank, allreduce_steps, allreduce_time, gpu_name, nic,
     run_with_traffic
@@ -145,7 +146,7 @@ def sync_scaling(params: float, gpus: int, gbps: float, algorithm: str,
                        compute_seconds(params, TOKENS_PER_GPU), busiest, seconds)
 
 
-def bucketing_table(params, gpus: int = 64, gbps: float = 400,
+def bucketing_table(params, gpus: int = 64, gbps: float = NIC_GBPS,
                     caps=(None, 2**20, 25 * 2**20, 2**40)):
     """All-reduce calls and modelled seconds per step for bucket caps (ring, NIC links).
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from parlab.hardware import NIC_GBPS
 from parlab.comm import GROUP_KINDS, Mesh, Topology, rail_optimized
 from parlab.tensor_parallel import divisors
 from parlab.checks import check_count, check_positive_number
@@ -44,7 +45,7 @@ def _servers(gpus: int, gpus_per_server: int) -> int:
     return math.ceil(gpus / gpus_per_server)
 
 
-def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = 400, **links) -> Topology:
+def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = NIC_GBPS, **links) -> Topology:
     """The rail-optimized cluster that holds ``gpus`` GPUs: full servers, or one partial server."""
     servers = _servers(gpus, gpus_per_server)
     check_positive_number("nic_gbps", nic_gbps, "a NIC's speed in Gb/s")

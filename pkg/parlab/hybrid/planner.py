@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from parlab.hardware import GPU_MEMORY_GB
+from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS
 from parlab import memory
 from parlab.memory import Breakdown
 from parlab.units import format_bytes
@@ -294,7 +294,7 @@ def _triples(gpus: int):
 
 
 def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: Topology | None = None,
-           nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> Search:
+           nic_gbps: float = NIC_GBPS, gpus_per_server: int = 8, **assumptions) -> Search:
     """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
     config = get_config(config)
     check_count("gpus", gpus)
@@ -338,7 +338,7 @@ def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology:
 
 
 def plan(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: Topology | None = None,
-         nic_gbps: float = 400, gpus_per_server: int = 8, **assumptions) -> list[Layout]:
+         nic_gbps: float = NIC_GBPS, gpus_per_server: int = 8, **assumptions) -> list[Layout]:
     """The layouts of ``config`` on ``gpus`` GPUs that fit in ``gpu_memory_gb``, fastest first.
 
     ``config`` is a GPT or Llama-style config (:mod:`parlab.models`), its name (``"GPT-3

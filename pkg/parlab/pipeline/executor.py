@@ -122,7 +122,7 @@ def run_network(sched: Schedule, net: Network, x, target, *, peers=None, group=N
     """
     from parlab.launch import rank_device
     device = rank_device()
-    K, me = sched.virtual_stages, _pipeline_rank(sched, peers)
+    K, me = sched.virtual_stages, _pipeline_rank(peers)
     layers = [layer.to(device) for layer in net.build()]
     modules = {k: torch.nn.Sequential(*(layers[j] for j in stage_layers(net, K, k)))
                for k in range(K) if sched.rank_of(k) == me}
@@ -144,7 +144,7 @@ def run_network(sched: Schedule, net: Network, x, target, *, peers=None, group=N
     return result
 
 
-def _pipeline_rank(sched: Schedule, peers) -> int:
+def _pipeline_rank(peers) -> int:
     rank = dist.get_rank()
     return rank if peers is None else list(peers).index(rank)
 

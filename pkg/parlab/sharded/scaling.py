@@ -21,6 +21,7 @@ some communication behind compute, so this is the pessimistic end).
 
 from __future__ import annotations
 
+from parlab.hardware import NIC_GBPS
 from parlab.comm import nic, ring_wire_bytes
 from parlab.memory import model_state_bytes
 from parlab.models import compute_seconds
@@ -46,7 +47,7 @@ def zero_bytes_per_rank(parameter_bytes: float, n: int, stage: int) -> float:
 
 
 def zero_scaling(params: float, gpus=(8, 16, 32, 64, 128, 256, 512, 1024), *,
-                 precision: str = "bf16", optimizer: str = "adam", gbps: float = 400,
+                 precision: str = "bf16", optimizer: str = "adam", gbps: float = NIC_GBPS,
                  global_tokens: int = GLOBAL_TOKENS):
     """One row per (GPU count, stage): model-state GB per GPU, GB sent, seconds of each.
 

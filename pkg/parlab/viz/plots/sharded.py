@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.sharded import STATE_PARTS
 from parlab.viz.plots.memory import PART_COLORS
 
@@ -85,7 +86,7 @@ def zero3_timeline_figure(collectives, layers: int):
     return fig
 
 
-def zero_scaling_figure(table, params: float, capacity_gb: float = 80):
+def zero_scaling_figure(table, params: float, capacity_gb: float = GPU_MEMORY_GB):
     """Model states per GPU, and communication against compute per step, as GPUs grow."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     for stage, rows in table.groupby("stage"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.units import format_bytes
 from parlab.viz.style import GPU_COLORS
 
@@ -259,7 +260,7 @@ def strategy_figure(rows: list[dict], title: str):
     return fig
 
 
-def memory_figure(rows: list[dict], capacity: float = 80e9, title: str = ""):
+def memory_figure(rows: list[dict], capacity: float = GPU_MEMORY_GB * 1e9, title: str = ""):
     """Parameter bytes per GPU for each tensor-parallel degree, against a GPU's capacity."""
     fig, ax = plt.subplots(figsize=(7, 3.4))
     bars = ax.bar([str(r["tp"]) for r in rows], [r["bytes"] for r in rows], color="#4C72B0")

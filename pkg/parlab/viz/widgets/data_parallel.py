@@ -6,6 +6,7 @@ The Figure 8-2 explorer starts ranks, so it is chapter 02's experiment
 
 from __future__ import annotations
 
+from parlab.hardware import NIC_GBPS
 from parlab.viz.explorer import Explorer, explore
 
 __all__ = ["draw_scaling", "scaling_explorer"]
@@ -22,7 +23,7 @@ def draw_scaling(model: str, gpus: int, gbps: int, algorithm: str, dtype: str):
     return scaling_figure(scaling, label=f"{model} ({params / 1e9:.3g} B parameters)")
 
 
-def scaling_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gbps: int = 400,
+def scaling_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gbps: int = NIC_GBPS,
                      algorithm: str = "ring", dtype: str = "bf16") -> Explorer:
     """Model, number of GPUs, NIC speed, all-reduce algorithm and gradient precision."""
     import ipywidgets as w

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory import expected_waste, failure_cost, training_cost, waste_curve, young_interval
 from parlab.memory import OPTIMIZERS, PRECISIONS, estimate, min_gpus
 from parlab.models import CONFIGS, HF_CONFIGS, get_config
@@ -36,7 +37,7 @@ def draw_memory(model: str, precision: str, optimizer: str, batch: int, seq: int
 
 def memory_explorer(model: str = "GPT-2 small", precision: str = "fp32",
                     optimizer: str = "adam", batch: int = 8, seq: int = 1024,
-                    gpu_gb: float = 80, tp: int = 1, pp: int = 1) -> Explorer:
+                    gpu_gb: float = GPU_MEMORY_GB, tp: int = 1, pp: int = 1) -> Explorer:
     """The calculator: model, precision, optimizer, batch, sequence, GPU size and split."""
     import ipywidgets as w
 

@@ -7,6 +7,7 @@ prints how the search narrowed the candidates, the best layouts and why the winn
 
 from __future__ import annotations
 
+from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS, NVLINK_GB_PER_S
 from parlab.viz.explorer import Explorer, explore
 
 __all__ = ["draw_plan", "planner_explorer"]
@@ -36,8 +37,9 @@ def draw_plan(model: str, gpus: int, gpu_gb: float, nic_gbps: float, nvlink_gbs:
     return layouts_figure(found)
 
 
-def planner_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gpu_gb: float = 80,
-                     nic_gbps: float = 400, nvlink_gbs: float = 450) -> Explorer:
+def planner_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gpu_gb: float = GPU_MEMORY_GB,
+                     nic_gbps: float = NIC_GBPS,
+                     nvlink_gbs: float = NVLINK_GB_PER_S) -> Explorer:
     """Model, GPU count, GPU memory, NIC speed and NVLink speed over the planner's verdict."""
     import ipywidgets as w
 

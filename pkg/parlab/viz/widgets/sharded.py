@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS
 from parlab.comm import nic
 from parlab.memory import estimate, recompute_flops
 from parlab.models import CONFIGS, compute_seconds, count_parameters
@@ -39,7 +40,7 @@ def draw_zero(model: str, gpus: int, stage: int, recompute: str, gpu_gb: float):
     compute = compute_seconds(params, seq) * (1 + recompute_flops(config, seq, again).fraction)
     print(f"stage {stage}, recompute {recompute}: {format_bytes(chosen.total)} per GPU "
           f"({'fits' if chosen.fits else 'does not fit'} in {gpu_gb:g} GB); each GPU sends "
-          f"{format_bytes(sent)} per step, {sent / nic(400).bandwidth:.3g} s at 400 Gb/s, against "
+          f"{format_bytes(sent)} per step, {sent / nic(NIC_GBPS).bandwidth:.3g} s at {NIC_GBPS} Gb/s, against "
           f"{compute:.3g} s of compute")
     labels = [f"stage {k}" + (" (chosen)" if k == stage else "") for k in range(4)]
     return memory_bars(labels, bars, f"{model} on {gpus} GPUs: model states and activations "
@@ -47,7 +48,7 @@ def draw_zero(model: str, gpus: int, stage: int, recompute: str, gpu_gb: float):
 
 
 def zero_explorer(model: str = "GPT-3 6.7B", gpus: int = 64, stage: int = 2,
-                  recompute: str = "none", gpu_gb: float = 80) -> Explorer:
+                  recompute: str = "none", gpu_gb: float = GPU_MEMORY_GB) -> Explorer:
     """Model, data-parallel GPUs, ZeRO stage, recomputation and GPU size; memory per GPU."""
     import ipywidgets as w
 
