@@ -2,6 +2,7 @@
 
     python benchmarks/collectives.py                  # 2 and 4 ranks; 1, 16, 64 MiB float32
     python benchmarks/collectives.py --ranks 2 --mib 16 --repeats 21
+    python benchmarks/collectives.py --busy 2 --ranks 2 --mib 1   # beside 2 busy processes
     python benchmarks/collectives.py --quick          # 2 ranks, 1/16 MiB, one repeat: a smoke run
 
 Both backends run inside the same ranks: the world is a toy group and a gloo group over
@@ -9,12 +10,19 @@ the same ranks is created beside it, and the two are timed alternately, so a bus
 slows both alike. One sample is the slowest rank's time for one call (a collective is done
 when its last rank is done); the table shows the median of the samples. Bus bandwidth
 follows nccl-tests: algbw = bytes / time, busbw = algbw x 2(n-1)/n for all-reduce.
+
+``--busy N`` starts N processes that spin on the CPU for the whole measurement: a laptop that
+runs something else beside the notebook. With more runnable processes than cores, each
+message waits for its receiver to be scheduled, so an algorithm that needs many short
+hand-offs falls behind one that needs few.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import subprocess
 import sys
 import time
 
@@ -62,6 +70,19 @@ def measure(ranks, sizes_mib, repeats, warmup=2, piece_kib=None):
     return rows
 
 
+@contextlib.contextmanager
+def busy(processes: int):
+    """``processes`` Python processes spinning on the CPU while the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def table(rows) -> str:
     head = (f"{'ranks':>5} {'MiB':>6} {'gloo ms':>9} {'toy ms':>9} {'toy/gloo':>9} "
             f"{'toy busbw GB/s':>15}")
@@ -82,6 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--piece-kib", type=int, default=None,
                         help="smallest pipelined piece of the toy ring, in KiB "
                              "(default: toy_wire.PIECE_BYTES)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="measure beside N processes that keep a core busy each")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run in seconds: 2 ranks, 1/16 MiB, one repeat "
                              "(tests/test_benchmarks.py); its numbers mean nothing")
@@ -89,8 +112,11 @@ def main(argv=None) -> int:
     if args.quick:
         args.ranks, args.mib, args.repeats = [2], [1 / 16], 1
     rows = []
-    for ranks in args.ranks:
-        rows += measure(ranks, args.mib, args.repeats, piece_kib=args.piece_kib)
+    with busy(args.busy):
+        for ranks in args.ranks:
+            rows += measure(ranks, args.mib, args.repeats, piece_kib=args.piece_kib)
+    if args.busy:
+        print(f"beside {args.busy} busy process(es)")
     print(table(rows))
     return 0
 

@@ -27,6 +27,8 @@ when a chapter needs it.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -49,6 +51,27 @@ class Coordinates(NamedTuple):
     replica: int
     stage: int
     tensor: int
+
+
+@functools.lru_cache(maxsize=256)
+def _lines(shape: tuple, axis: int) -> tuple:
+    """The ranks along ``axis`` of a row-major grid of ``shape``, one tuple per line (cached:
+    the planner asks for the same few grids thousands of times)."""
+    others = [i for i in range(len(shape)) if i != axis]
+    lines = []
+    for flat in range(math.prod(shape) // shape[axis]):
+        index, rest = {}, flat
+        for i in reversed(others):
+            rest, index[i] = divmod(rest, shape[i])
+        line = []
+        for k in range(shape[axis]):
+            index[axis] = k
+            rank = 0
+            for i, n in enumerate(shape):
+                rank = rank * n + index[i]
+            line.append(rank)
+        lines.append(tuple(line))
+    return tuple(lines)
 
 
 @dataclass(frozen=True)
@@ -106,23 +129,7 @@ class Mesh:
         the lines of the grid along that kind's dimension, in the order DeviceMesh makes them."""
         if kind not in _KIND_DIM:
             raise ValueError(f"unknown group kind {kind!r}; choose one of {list(_KIND_DIM)}")
-        axis = list(MESH_DIMS).index(_KIND_DIM[kind])
-        shape = self.shape
-        others = [i for i in range(len(shape)) if i != axis]
-        lines = []
-        for flat in range(self.size // shape[axis]):
-            index, rest = {}, flat
-            for i in reversed(others):
-                rest, index[i] = divmod(rest, shape[i])
-            line = []
-            for k in range(shape[axis]):
-                index[axis] = k
-                rank = 0
-                for i, n in enumerate(shape):
-                    rank = rank * n + index[i]
-                line.append(rank)
-            lines.append(line)
-        return lines
+        return [list(line) for line in _lines(self.shape, list(MESH_DIMS).index(_KIND_DIM[kind]))]
 
     def build(self, device_type: str | None = None,
               label: Callable[[str, Coordinates], str] | None = None):

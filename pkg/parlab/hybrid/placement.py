@@ -24,11 +24,12 @@ message between two ranks uses.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 from parlab.hardware import NIC_GBPS
-from parlab.comm import GROUP_KINDS, Mesh, Topology, rail_optimized
+from parlab.comm import GROUP_KINDS, Mesh, Topology, link_type, rail_optimized
 from parlab.tensor_parallel import divisors
 from parlab.checks import check_count, check_positive_number
 
@@ -54,6 +55,12 @@ def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = NIC_GBPS, **l
 
 def place(dp: int, tp: int, pp: int, gpus_per_server: int = 8) -> list[int]:
     """The GPU (server-major index) of every rank, in rank order (see the module docstring)."""
+    return list(_place(dp, tp, pp, gpus_per_server))
+
+
+@functools.lru_cache(maxsize=1024)
+def _place(dp: int, tp: int, pp: int, gpus_per_server: int) -> tuple[int, ...]:
+    """:func:`place`, cached: the planner places the same layouts for every option it tries."""
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
     check_count("gpus_per_server", gpus_per_server)
     gpus = mesh.size
@@ -72,7 +79,7 @@ def place(dp: int, tp: int, pp: int, gpus_per_server: int = 8) -> list[int]:
         if snake and column % 2:
             server = servers - 1 - server
         gpu_of.append(server * gpus_per_server + column * tp + t)
-    return gpu_of
+    return tuple(gpu_of)
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,19 @@ def group_links(dp: int, tp: int, pp: int, topology: Topology,
     its slowest stage boundary; slowest means lowest bandwidth (spine < rail < NVLink at equal
     NIC speed, since the spine adds latency).
     """
-    gpu_of = gpu_of if gpu_of is not None else place(dp, tp, pp, topology.gpus_per_server)
+    per_server = topology.gpus_per_server
+    gpu_of = tuple(gpu_of) if gpu_of is not None else _place(dp, tp, pp, per_server)
+    for gpu in (min(gpu_of), max(gpu_of)):
+        topology.gpu_name(gpu)  # a GPU outside the topology is an error that names it
     order = {name: (spec.bandwidth, -spec.alpha) for name, spec in topology.links.items()}
-    links: dict[str, str | None] = {}
+    return {kind: min(used, key=order.__getitem__) if used else None
+            for kind, used in _links_used(dp, tp, pp, per_server, gpu_of).items()}
+
+
+@functools.lru_cache(maxsize=1024)
+def _links_used(dp: int, tp: int, pp: int, gpus_per_server: int, gpu_of: tuple) -> dict:
+    """Per kind of group, the set of link types between neighbours in its groups (cached)."""
+    used = {}
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
     for kind in GROUP_KINDS:
         pairs = set()
@@ -113,6 +130,6 @@ def group_links(dp: int, tp: int, pp: int, topology: Topology,
             for i, rank in enumerate(ring):
                 nxt = members[(i + 1) % len(members)]
                 if nxt != rank:
-                    pairs.add(topology.link_type(gpu_of[rank], gpu_of[nxt]))
-        links[kind] = min(pairs, key=order.__getitem__) if pairs else None
-    return links
+                    pairs.add(link_type(gpu_of[rank], gpu_of[nxt], gpus_per_server))
+        used[kind] = frozenset(pairs)
+    return used

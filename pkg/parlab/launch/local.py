@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing.connection as mpc
 import os
+import random
 import signal
 import time
 from typing import Any, Callable
@@ -27,7 +28,8 @@ from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_bac
 from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import rank_main
 from parlab.launch.result import Run
-from parlab.launch.server import RankProcess, context
+from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe, is_warm,
+                                  warm)
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
 
@@ -78,22 +80,32 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
     return _run_local(payload, world_size, backend, float(timeout), threads)
 
 
+#: The torch seed of ranks forked from this process (random, like the server's, and shared).
+_DIRECT_SEED = random.SystemRandom().getrandbits(63)
+
+
 def _run_local(payload, world_size, backend, timeout, threads):
     started = time.monotonic()
-    ctx = context()
+    direct = not is_warm() and direct_fork_safe(backend, threads)
+    if not direct:
+        warm()  # the ranks come from the server: start it now, if nothing did yet
     workdir = make_workdir()
-    alive_recv, alive_send = ctx.Pipe(duplex=False)
+    alive_recv, alive_send = mpc.Pipe(duplex=False)
     procs, conns = [], []
     outputs: list[str] = []
     try:
         for rank in range(world_size):
-            recv, send = ctx.Pipe(duplex=False)
-            proc = RankProcess(
+            recv, send = mpc.Pipe(duplex=False)
+            # a rank forked from this process must close the ends that stay here
+            inherited = ({"inherited": [alive_send] + conns + [recv], "seed": _DIRECT_SEED}
+                         if direct else {})
+            proc = (ForkedRankProcess if direct else RankProcess)(
                 target=rank_main, name=f"parlab-rank-{rank}", daemon=True,
                 args=(rank, world_size, backend, os.path.join(workdir, "store"), timeout, threads,
                       payload, send, alive_recv, os.path.join(workdir, f"rank{rank}.out")),
+                kwargs=inherited,
             )
-            proc.start()  # the first start of a process waits for the forkserver to import torch
+            proc.start()  # from the server: the first start waits for it to import torch
             send.close()
             procs.append(proc)
             conns.append(recv)
@@ -109,6 +121,7 @@ def _run_local(payload, world_size, backend, timeout, threads):
         outputs = read_outputs(workdir, world_size)
         remove_workdir(workdir)
         _print_outputs(outputs)
+        warm()  # after a direct launch: the next launches will come from the server
     return Run(results, world_size=world_size, backend=backend,
                seconds=time.monotonic() - started, outputs=outputs, extras=extras, spans=spans)
 

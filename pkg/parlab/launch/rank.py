@@ -61,9 +61,30 @@ def _redirect_output(out_path: str) -> None:
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
 
 
+def _as_if_fresh(inherited, seed: int) -> None:
+    """Start a rank forked from the caller the way one forked from the server starts.
+
+    It closes the caller's ends of the pipes it inherited (or a dead caller would go
+    unnoticed) and resets what the caller may have changed: torch's seed (a server's ranks
+    share the server's random seed; these share ``seed``, random once per caller), default
+    dtype and grad mode, and the caller's forkserver (the caller's, not this rank's).
+    """
+    from parlab.launch.server import reset_after_fork
+
+    for conn in inherited:
+        conn.close()
+    torch.manual_seed(seed)
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    reset_after_fork()
+
+
 def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload, result_conn,
-               alive_conn, out_path):
-    """Entry point of one rank (runs in a process forked by the forkserver)."""
+               alive_conn, out_path, inherited=None, seed=0):
+    """Entry point of one rank (forked by the forkserver, or by the caller when ``inherited``
+    lists the caller's pipe ends it must close)."""
+    if inherited is not None:
+        _as_if_fresh(inherited, seed)
     os.setpgrp()  # our own process group, so the caller can kill anything this rank started
     threading.Thread(target=_watch_parent, args=(alive_conn,), daemon=True).start()
     _redirect_output(out_path)

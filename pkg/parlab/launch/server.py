@@ -8,12 +8,24 @@ whose main "file" ``<stdin>`` cannot be read again), ``python -m`` of a module t
 ``run`` at import time, and a script without ``if __name__ == "__main__":`` (every rank
 would run the script again and try to start ranks of its own). So ranks start with the
 preparation data of multiprocessing minus the main module (loky/joblib do the same).
+
+Why the first launch does not wait for the server: the server is a new Python process that
+imports torch (and ``torch._dynamo``, parlab, ...) before it can fork anything, which takes
+longer than the caller's own ``import torch``. So the server warms in the background (in a
+notebook kernel, as soon as the cell that imported :mod:`parlab.launch` has run; elsewhere, at
+the first launch), and until it is warm a launch forks its ranks straight from the caller
+(:func:`direct_fork_safe` says when that is as safe as the server: Linux, no CUDA in the
+caller, one thread per rank). ``rank_main`` then resets what a rank could inherit from the
+caller (the random seed, the default dtype, grad mode), so both ways start a rank alike.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing as mp
+import os
+import signal
 import sys
 import threading
 from multiprocessing import spawn
@@ -23,9 +35,12 @@ try:
 except ImportError:  # no forkserver on this platform (Windows): parlab imports, run() cannot
     popen_forkserver = None
 
-__all__ = ["preload", "context", "RankProcess"]
+__all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm",
+           "direct_fork_safe", "warm_after_import_cell"]
 
 _forkserver_ready = False
+_warm = threading.Event()  # set once the server has forked a process: it is fully preloaded
+_warming: list[threading.Thread] = []
 #: What the server imports once, so that no rank imports it again. ``torch._dynamo`` (with
 #: ``torch.fx.experimental.symbolic_shapes`` and sympy under it) costs seconds, and ranks hit
 #: it lazily: creating any ``torch.optim`` optimizer (``add_param_group`` is wrapped by
@@ -80,6 +95,107 @@ def context():
     return ctx
 
 
+def _noop() -> None:
+    """What the warming process runs: nothing (its start proves the server is ready)."""
+
+
+def warm() -> None:
+    """Start the forkserver in a background thread, if it is not started yet; return at once.
+
+    The thread starts one process that does nothing: the server accepts it only after its
+    preload, so when that process has started the server is warm (:func:`is_warm`).
+    """
+    if _warming or RankProcess is None:
+        return
+    ctx = context()
+
+    def start_one():
+        try:
+            process = RankProcess(target=_noop, name="parlab-warm", daemon=True)
+            process.start()
+            process.join()
+        except (OSError, EOFError):  # the server was stopped (at exit): stay cold
+            return
+        _warm.set()
+
+    thread = threading.Thread(target=start_one, name="parlab-forkserver-warm", daemon=True)
+    _warming.append(thread)
+    thread.start()
+    atexit.register(_stop_cold_server)
+    del ctx
+
+
+def _stop_cold_server() -> None:
+    """At exit, kill a server still importing torch: it would finish its preload (seconds of
+    CPU) before noticing that its caller is gone."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid and not _warm.is_set():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def is_warm() -> bool:
+    """True once the forkserver has preloaded torch and parlab and forks ranks in milliseconds."""
+    return _warm.is_set()
+
+
+def direct_fork_safe(backend: str, threads: int) -> bool:
+    """Whether ranks may be forked from the caller itself instead of from the server.
+
+    Only on Linux (macOS forbids fork after some system libraries ran); only when the caller
+    has not initialised CUDA (a forked child cannot use it) and the backend is not NCCL; and
+    only with one thread per rank: a child forked after the caller ran OpenMP-parallel
+    kernels hangs in its own first parallel region (GNU OpenMP is not fork-safe), while a
+    one-thread rank never enters one.
+    """
+    import torch
+
+    return (sys.platform.startswith("linux") and backend != "nccl" and threads == 1
+            and not torch.cuda.is_initialized())
+
+
+def warm_after_import_cell() -> bool:
+    """In a notebook kernel, start warming the server after the current cell has run.
+
+    Only there: a reader imports parlab in the first cell and launches ranks soon after, so
+    the server imports torch while the reader reads. Not in a plain script, a maintainers'
+    tool or a test process, where an import does not mean a launch will follow; not under
+    torchrun (its workers need no server) or inside a rank. Returns whether it registered.
+    """
+    from parlab.launch.torchrun import under_torchrun
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if (shell is None or getattr(shell, "kernel", None) is None or RankProcess is None
+            or "PARLAB_RANK" in os.environ or under_torchrun()):
+        return False
+
+    def after_cell(result=None):
+        shell.events.unregister("post_run_cell", after_cell)
+        warm()
+
+    shell.events.register("post_run_cell", after_cell)
+    return True
+
+
+def reset_after_fork() -> None:
+    """In a rank forked from the caller: forget the caller's server (it is not this process's)."""
+    global _forkserver_ready
+    from multiprocessing import forkserver
+
+    _forkserver_ready = False
+    _warming.clear()
+    _warm.clear()
+    forkserver._forkserver = forkserver.ForkServer()
+    for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process",
+                 "set_forkserver_preload"):
+        setattr(forkserver, name, getattr(forkserver._forkserver, name))
+
+
 def _wrap_preparation_data() -> None:
     """Let :class:`RankProcess` leave the main module out of what a child prepares.
 
@@ -122,3 +238,22 @@ if popen_forkserver is not None:
             return _Popen(process_obj)
 else:
     RankProcess = None
+
+if hasattr(os, "fork"):
+    class ForkedRankProcess(mp.get_context("fork").Process):
+        """A rank forked straight from the caller, while the server warms (see the module)."""
+
+        @staticmethod
+        def _Popen(process_obj):
+            import warnings
+
+            from multiprocessing import popen_fork
+
+            with warnings.catch_warnings():  # Python 3.12+ warns on fork in a threaded process
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return popen_fork.Popen(process_obj)
+else:
+    ForkedRankProcess = None
+
+
+warm_after_import_cell()  # a notebook kernel: the server warms once the import cell has run

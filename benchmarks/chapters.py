@@ -1,0 +1,84 @@
+"""How long each chapter's Run All takes, beside an empty notebook's.
+
+    python benchmarks/chapters.py                    # every chapter, 3 rounds
+    python benchmarks/chapters.py 02 05 --rounds 5   # some chapters
+    python benchmarks/chapters.py --quick            # the empty notebook only: a smoke run
+
+The empty notebook imports parlab and runs one launch (4 ranks, one all-reduce): what any
+chapter pays before it teaches anything (a kernel start, torch's import, the first launch).
+Each round executes the empty notebook and then every chapter, each in a fresh kernel (as
+JupyterLab's "Restart Kernel and Run All" does, with nbclient), so a busy moment of the
+machine slows a round's empty notebook and its chapters alike. The table shows per chapter
+the median of its rounds, the empty notebook's median and their ratio; the project's budget
+is a ratio of at most 1.5. A measurement, never a test assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
+EMPTY = ["import torch, torch.distributed as dist\nimport parlab\nfrom parlab.launch import run",
+         "def one_all_reduce():\n    t = torch.ones(4)\n    dist.all_reduce(t)\n"
+         "    return t.sum().item()\n\n\nrun(one_all_reduce, 4)"]
+
+
+def empty_notebook():
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in EMPTY]
+    return notebook
+
+
+def execute(notebook, cwd: Path) -> float:
+    """Seconds to start a kernel and run every cell of ``notebook`` in it."""
+    start = time.perf_counter()
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return time.perf_counter() - start
+
+
+def measure(chapters: list[Path], rounds: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"(empty)": []}
+    for _ in range(rounds):
+        times["(empty)"].append(execute(empty_notebook(), CHAPTERS))
+        for path in chapters:
+            notebook = nbformat.read(path, as_version=4)
+            times.setdefault(path.stem, []).append(execute(notebook, CHAPTERS))
+    return times
+
+
+def table(times: dict[str, list[float]]) -> str:
+    empty = statistics.median(times["(empty)"])
+    head = f"{'notebook':<34} {'Run All s':>10} {'empty s':>8} {'ratio':>6}"
+    lines = [head, "-" * len(head)]
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        lines.append(f"{name:<34} {median:>10.1f} {empty:>8.1f} {median / empty:>6.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("chapters", nargs="*", help="chapter numbers (default: all)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: the empty notebook once, no chapter "
+                             "(tests/test_benchmarks.py); its numbers mean nothing")
+    args = parser.parse_args(argv)
+    every = sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
+    chosen = [p for p in every if not args.chapters or p.name[:2] in args.chapters]
+    if args.quick:
+        chosen, args.rounds = [], 1
+    print(table(measure(chosen, args.rounds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

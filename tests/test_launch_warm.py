@@ -1,0 +1,141 @@
+"""The first launch does not wait for the forkserver: it warms in the background.
+
+Until the server is warm, ranks are forked from the caller itself (when that is safe); they
+must start exactly as ranks forked from the server do. The server warms after a notebook's
+import cell, and never in a plain import, a tool or under torchrun.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+import parlab
+from parlab.launch import server
+
+PKG = str(Path(parlab.__file__).resolve().parents[1])
+
+
+def _python(code: str, timeout=120) -> str:
+    env = {**os.environ, "PYTHONPATH": PKG}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "PARLAB_RANK"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
+                         capture_output=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_a_plain_import_starts_no_server():
+    out = _python("""
+        import time
+        from multiprocessing import forkserver
+        import parlab.launch, parlab.experiments, parlab.tools.book
+        time.sleep(0.5)
+        print(forkserver._forkserver._forkserver_pid, parlab.launch.server.is_warm())
+    """)
+    assert out.split() == ["None", "False"]
+
+
+def test_first_launch_forks_from_the_caller_and_starts_like_a_server_rank():
+    """The caller changes what a rank could inherit; the first launch (forked from the caller)
+    and a launch from the warm server must see the same fresh state: float32, grad on, and
+    one random stream shared by the ranks (the caller's seeded stream is not it)."""
+    out = _python("""
+        import os, torch
+        from parlab.launch import run, server
+
+        def fn():
+            return (os.getppid(), torch.rand(2).tolist(), str(torch.get_default_dtype()),
+                    torch.is_grad_enabled())
+
+        torch.manual_seed(5)
+        torch.set_default_dtype(torch.float64)
+        with torch.no_grad():
+            first = run(fn, 2, threads=1)
+            for _ in range(600):
+                if server.is_warm():
+                    break
+                import time; time.sleep(0.1)
+            later = run(fn, 2, threads=1)
+        me = os.getpid()
+        torch.manual_seed(5)
+        callers = torch.rand(2).tolist()
+        print([r[0] == me for r in first], [r[0] == me for r in later])
+        print([r[1] == run_[0][1] != callers for run_ in (first, later) for r in run_])
+        print({r[2:] for r in first + later})
+    """)
+    parents, shared, state = out.strip().splitlines()
+    assert parents == "[True, True] [False, False]", out
+    assert shared == "[True, True, True, True]", out
+    assert state == "{('torch.float32', True)}", out
+
+
+def test_direct_fork_only_when_safe():
+    assert not server.direct_fork_safe("nccl", 1)
+    assert not server.direct_fork_safe("gloo", 2)  # OpenMP in a forked child can hang
+    assert server.direct_fork_safe("gloo", 1) == sys.platform.startswith("linux")
+
+
+class _Events:
+    def __init__(self):
+        self.callbacks = []
+
+    def register(self, event, fn):
+        self.callbacks.append((event, fn))
+
+    def unregister(self, event, fn):
+        self.callbacks.remove((event, fn))
+
+
+def _fake_kernel(monkeypatch, kernel=True):
+    shell = types.SimpleNamespace(kernel=object() if kernel else None, events=_Events())
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    started = []
+    monkeypatch.setattr(server, "warm", lambda: started.append(1))
+    return shell, started
+
+
+def test_a_kernel_warms_after_the_import_cell(monkeypatch):
+    shell, started = _fake_kernel(monkeypatch)
+    assert server.warm_after_import_cell()
+    assert started == []  # nothing during the import cell itself
+    [(event, callback)] = shell.events.callbacks
+    assert event == "post_run_cell"
+    callback(None)
+    assert started == [1] and shell.events.callbacks == []  # once
+
+
+@pytest.mark.parametrize("where", ["terminal IPython", "torchrun", "rank"])
+def test_no_warming_outside_a_notebook_kernel(monkeypatch, where):
+    shell, started = _fake_kernel(monkeypatch, kernel=where != "terminal IPython")
+    if where == "torchrun":
+        from parlab.launch import torchrun
+        monkeypatch.setattr(torchrun, "under_torchrun", lambda: True)
+    if where == "rank":
+        monkeypatch.setenv("PARLAB_RANK", "0")
+    assert not server.warm_after_import_cell()
+    assert shell.events.callbacks == [] and started == []
+
+
+def test_a_real_kernel_is_warm_before_its_first_launch():
+    jupyter_client = pytest.importorskip("jupyter_client")
+    env = {**os.environ, "PYTHONPATH": PKG}
+    manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
+    try:
+        def execute(code):
+            reply = client.execute_interactive(code, timeout=120, output_hook=outputs.append)
+            assert reply["content"]["status"] == "ok", outputs
+        outputs = []
+        execute("import parlab.launch")
+        execute("import time\nfor _ in range(1200):\n    if parlab.launch.server.is_warm(): "
+                "break\n    time.sleep(0.05)\nprint(parlab.launch.server.is_warm())")
+        printed = [o["content"].get("text", "") for o in outputs if o["msg_type"] == "stream"]
+        assert printed == ["True\n"], outputs
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
