@@ -228,20 +228,22 @@ def _aliases(notebook) -> dict[str, str]:
     return {m[1] or m[3]: m[0] or m[2] for m in _ALIAS.findall(code)}
 
 
-def _figure(cell, output, seen_images: set[str]) -> bool:
-    """Make a lone image a figure (alt text: its title; a caption only where it says more
-    than the title drawn in the image). False for an image shown earlier in the chapter."""
-    image = output["data"]["image/png"]
-    if image in seen_images:
-        return False
-    seen_images.add(image)
-    meta = output.get("metadata", {}).get("parlab", {})
+def _figure(cell, shown: list) -> None:
+    """The image's title as its alternative text; a lone image becomes a figure, with a
+    caption only where one says more than the title drawn in the image."""
+    images = [o for o in shown if "image/png" in o.get("data", {})]
+    if len(images) != 1:
+        return
+    meta = images[0].get("metadata", {}).get("parlab", {})
     title, caption = meta.get("title", ""), meta.get("caption", "")
     mystnb = cell.metadata.setdefault("mystnb", {})
-    mystnb["figure"] = {"caption": caption} if caption and caption != title else {}
     if title or caption:
         mystnb["image"] = {"alt": caption or title}
-    return True
+    # MyST-NB wraps every output of the cell in the figure: only a lone image gets one
+    if len(shown) == 1:
+        mystnb["figure"] = {"classes": "parlab-figure"}  # empty options would mean no figure
+        if caption and caption != title:
+            mystnb["figure"]["caption"] = caption
 
 
 def _prepare_notebook(notebook, files: dict[str, str], own: str, index=None):
@@ -276,12 +278,9 @@ def _prepare_notebook(notebook, files: dict[str, str], own: str, index=None):
             outputs.append(output)
         cell.outputs = outputs
         shown = [o for o in outputs if "scrapbook" not in o.get("metadata", {})]
-        # MyST-NB wraps every output of the cell in the figure: only a lone image gets one
-        if len(shown) == 1 and "image/png" in shown[0].get("data", {}):
-            _figure(cell, shown[0], seen_images)
-        else:
-            seen_images.update(o["data"]["image/png"] for o in shown
-                               if "image/png" in o.get("data", {}))
+        seen_images.update(o["data"]["image/png"] for o in shown
+                           if "image/png" in o.get("data", {}))
+        _figure(cell, shown)
     notebook.metadata.pop("widgets", None)
     return notebook
 
