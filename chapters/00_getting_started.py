@@ -42,14 +42,12 @@
 #
 # The output below depends on your machine (CPU count, GPUs), so yours will differ.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 import torch
 import torch.distributed as dist
 
 from parlab import launch
 from parlab.launch import run
-from parlab.viz import glue
 
 launch.environment()
 
@@ -67,16 +65,19 @@ def hello():
 
 
 ranks = 4
-glue("ranks", ranks)
 run(hello, ranks)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
+glue("ranks", ranks)
 
 # %% [markdown]
 # The first launch in a notebook starts a helper process that imports PyTorch once; every
 # later launch forks ranks from it, so it takes about a tenth of a second. (Timings vary
 # from machine to machine.)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 import time
 
 start = time.perf_counter()
@@ -192,13 +193,15 @@ def forgetful():
 
 
 timeout = 2
-glue("timeout_default", launch.DEFAULT_TIMEOUT, "g")
-glue("timeout_here", timeout, "g")
 try:
     run(forgetful, 3, timeout=timeout)
 except launch.RankTimeoutError as err:
     print("still running at the timeout:", err.pending)
     print(str(err).split(". ")[0])
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("timeout_default", launch.DEFAULT_TIMEOUT, "g")
+glue("timeout_here", timeout, "g")
 
 # %% [markdown]
 # ## 5. What travels between the ranks: the toy backend
@@ -238,12 +241,14 @@ def sum_gradients(values):
 
 values = 16
 tensor_bytes = torch.empty(values).nbytes  # float32
-glue("tensor_values", values)
-glue("tensor_bytes", tensor_bytes)
 results, ring = run_with_traffic(sum_gradients, ranks, values, algorithm="ring")
 print("results:", results)
 print(ring.to_pandas().head(8).to_string(index=False))
 print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("tensor_values", values)
+glue("tensor_bytes", tensor_bytes)
 
 # %% [markdown]
 # The same log as tables: per rank, and per step.
@@ -255,6 +260,8 @@ print()
 print(ring.per_step().to_string(index=False))
 sent = int(per_rank["sent"].max())
 chunk = sent // int(per_rank["messages sent"].max())
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("ring_messages", int(per_rank["messages sent"].max()))
 glue("ring_message_bytes", chunk)
 glue("ring_chunks", tensor_bytes // chunk)
@@ -296,14 +303,16 @@ from parlab.comm import allreduce_bytes_per_rank
 _, naive = run_with_traffic(sum_gradients, ranks, values, algorithm="naive")
 print(naive.per_rank().to_string())
 root_sent = int(naive.per_rank()["sent"][0])
+many = 1000  # GPUs; bytes per rank as a multiple of the gradient, rank 0 first
+show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks, bytes sent"))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("naive_steps", len(naive.per_step()))
 glue("naive_root_sent", root_sent)
 glue("naive_factor", root_sent // tensor_bytes)
-many = 1000  # GPUs; bytes per rank as a multiple of the gradient, rank 0 first
 glue("many_gpus", many, ",")
 glue("many_naive", allreduce_bytes_per_rank(1, many, "naive")[0], ",")
 glue("many_ring", allreduce_bytes_per_rank(1, many, "ring")[0], ".3f")
-show(bytes_per_rank_figure({"ring": ring, "naive": naive}, "64 bytes on 4 ranks, bytes sent"))
 
 # %% [markdown]
 # ### Try it yourself
@@ -325,10 +334,12 @@ from parlab.experiments import collective_explorer
 
 explorer = collective_explorer()
 ranks_slider = explorer.controls["ranks"]
+explorer
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("explorer_ranks", ranks_slider.value)
 glue("explorer_min_ranks", ranks_slider.min)
 glue("explorer_max_ranks", ranks_slider.max)
-explorer
 
 # %% [markdown]
 # ### What it would cost on a real cluster
@@ -345,11 +356,13 @@ explorer
 from parlab.comm import allreduce_time, nic
 
 gradient, gbps = 10**9, 400  # bytes, Gb/s
-glue("cost_gb", gradient / 1e9, "g")
-glue("cost_gbps", gbps)
 for n in (2, 8, 64):
     ring_s, naive_s = (allreduce_time(gradient, n, a, nic(gbps)) for a in ("ring", "naive"))
     print(f"{n:>3} GPUs: ring {ring_s:6.3f} s   naive {naive_s:7.3f} s")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("cost_gb", gradient / 1e9, "g")
+glue("cost_gbps", gbps)
 
 # %% [markdown]
 # ## 6. Exercises

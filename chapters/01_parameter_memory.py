@@ -41,7 +41,7 @@
 # ## 1. Figure 8-1 from a real training step
 #
 # `BookMLP` is a small fully connected network whose training step is written out by hand
-# (the unit tests check it against PyTorch's autograd), so that nothing is hidden. For
+# (its gradients equal those of PyTorch's autograd), so that nothing is hidden. For
 # each layer it keeps:
 #
 # * the **weights W** and biases b;
@@ -167,7 +167,6 @@ check("01.1", answer_01_1)
 
 # %%
 from parlab.models import bytes_by_scaling
-from parlab.viz import glue
 
 a1 = book_step(sizes=(4, 5, 5, 2), batch=8, with_peer=True)
 print("remote gradient of layer 1 (dW):", tuple(a1.layers[0].remote_grad_W.shape))
@@ -177,11 +176,15 @@ print(f"\n{'bytes that grow with':<22}{'one GPU alone':>14}{'A1 with a peer':>16
 for kind in by_alone:
     print(f"{kind:<22}{by_alone[kind]:>14}{by_a1[kind]:>16}")
 print(f"{'total':<22}{sum(by_alone.values()):>14}{sum(by_a1.values()):>16}")
+show(figure_8_1(a1))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
 glue("alone_total", sum(by_alone.values()))
 glue("a1_total", sum(by_a1.values()))
 glue("a1_batch_saving", by_alone["batch"] - by_a1["batch"])
 glue("a1_remote_cost", by_a1["parameters"] - by_alone["parameters"])
-show(figure_8_1(a1))
 
 # %% [markdown]
 # A1 holds <span data-glue="a1_total">1724</span> bytes, the lone GPU
@@ -231,13 +234,15 @@ counts = count_parameters(GPT3_175B)
 for part in ("attention", "feed_forward", "layer_norms", "block", "blocks", "token_embedding",
              "position_embedding", "final_norm", "total"):
     print(f"{part:<20}{counts[part]:>18,}")
+rounding = book_rounding(GPT3_175B)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("gpt3_attention_m", counts["attention"] / 1e6, ".2f")
 glue("gpt3_attention_rounded_m", counts["attention"] / 1e6, ".0f")
 glue("gpt3_blocks_b", counts["blocks"] / 1e9, ".0f")
-rounding = book_rounding(GPT3_175B)
 glue("gpt3_block_rounded_b", rounding["block_rounded"] / 1e9, ".1f")
 glue("gpt3_blocks_from_rounded_b", rounding["blocks_from_rounded"] / 1e9, ".1f")
-_ = glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
+glue("gpt3_total_b", counts["total"] / 1e9, ".1f")
 
 # %% [markdown]
 # A remark on rounding: an attention layer holds
@@ -270,7 +275,9 @@ print("formula:", count_parameters(TINY)["total"], " module:",
 
 # %%
 print(memory.bytes_per_parameter_table())
-_ = glue("bf16_adam_bytes", memory.model_state_bytes(1, "adam", "bf16").total)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("bf16_adam_bytes", memory.model_state_bytes(1, "adam", "bf16").total)
 
 # %% [markdown]
 # (fp16 mixed precision keeps the same bytes as bf16.) Activations grow with the batch and
@@ -323,9 +330,11 @@ for model, shape in ((BookMLP((64, 256, 256, 10)), (32,)), (small, (4, 64))):
 from parlab.experiments import model_sizes_figure
 
 shape = (8, 1024)  # sequences x tokens
+show(model_sizes_figure(shape))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("sizes_batch", shape[0])
 glue("sizes_seq", shape[1], ",")
-show(model_sizes_figure(shape))
 
 # %% [markdown]
 # For GPT-3 175B, `memory.min_gpus` searches the (data × tensor × pipeline) splits for the
@@ -355,11 +364,13 @@ print(f"\non one GPU: model states {states / GB:,.0f} GB + activations "
       f"{whole.activations / GB:,.0f} GB = {whole.total / GB:,.0f} GB")
 print(f"split perfectly over {plan.breakdown.capacity / GB:.0f} GB GPUs: the states alone on "
       f"{math.ceil(states / plan.breakdown.capacity)}, with the activations on {plan.ideal}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("states_gpus", math.ceil(states / plan.breakdown.capacity))
 glue("states_gb", states / GB, ",.0f")
 glue("whole_activations_gb", whole.activations / GB, ",.0f")
 glue("ideal_gpus", plan.ideal)
-_ = glue("plan_gpus", plan.gpus)
+glue("plan_gpus", plan.gpus)
 
 # %% [markdown]
 # Exercise 01.2's <span data-glue="states_gpus">35</span> GPUs hold the model states alone
@@ -390,6 +401,8 @@ from parlab.experiments import copy_sizes, copy_table
 cluster = 1024  # GPUs, as in chapter 05
 sizes = copy_sizes("GPT-3 175B", small_batch=8, global_batch=1536, gpus=cluster)
 print(copy_table(sizes))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("copy_few", sizes[0].gpus)
 glue("copy_few_batch", sizes[0].micro_batch)
 glue("copy_step_batch", sizes[1].sequences, ",")
@@ -398,7 +411,7 @@ glue("copy_cluster", cluster, ",")
 glue("copy_planner", sizes[4].gpus)
 glue("copy_same_split_gb", sizes[1].memory.total / 1e9, ".0f")
 glue("copy_fewest", sizes[2].gpus)
-_ = glue("copy_recompute", sizes[3].gpus)
+glue("copy_recompute", sizes[3].gpus)
 
 # %% [markdown]
 # The <span data-glue="copy_few">64</span>-GPU split holds GPT-3 only with a pipeline that is
@@ -455,7 +468,6 @@ print(llama)
 print(f"{count_parameters(llama)['total']:,} parameters")
 job = dict(input_shape=(8, 2048), optimizer="adam", precision="bf16")  # 8 sequences of 2048
 n = 8  # GPUs to split over
-glue("llama_gpus", n)
 for dp, tp, zero, recompute in ((1, 1, 0, None), (n, 1, 0, None), (n, 1, 3, "full"),
                                 (1, n, 0, None)):
     b = memory.estimate(llama, **job, dp=dp, tp=tp, zero=zero, recompute=recompute)
@@ -464,6 +476,9 @@ for dp, tp, zero, recompute in ((1, 1, 0, None), (n, 1, 0, None), (n, 1, 3, "ful
     print(b.table())
 print()
 print(memory.min_gpus(llama, **job))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("llama_gpus", n)
 
 # %% [markdown]
 # On one GPU the model states alone (<span data-glue="bf16_adam_bytes">16</span> bytes per
@@ -506,8 +521,7 @@ print(f"8 B parameters traced in under 30 s: {seconds < 30}")
 # *measured*: `memory.measure` with the same arguments runs real training steps and counts
 # what they kept.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 # (the bf16 byte counts depend on the workspace of the oneDNN LSTM kernel that runs)
 from torch import nn
 
@@ -542,9 +556,9 @@ print(f"estimate within 0.01 % of the measurement, all three: {max(map(abs, erro
 # vary: in bf16 the CPU runs the LSTM through oneDNN, whose kernel keeps a workspace of its
 # own size, and the estimate asks oneDNN for it. We have seen two sizes on one machine, in
 # two kinds of process, and the estimate followed the measurement both times. So the table
-# is not compared between runs; the agreement is. The tests hold the same
-# comparison for models written in the tests: an MLP, a CNN with batch normalization and
-# pooling, a Llama-style block, an LSTM and a GRU, in fp32 and bf16, with SGD and Adam.
+# may differ on your machine; the agreement should not. The estimate was checked the same
+# way on an MLP, a CNN with batch normalization and pooling, a Llama-style block, an LSTM
+# and a GRU, in fp32 and bf16, with SGD and Adam.
 
 # %% [markdown]
 # ### Our count beside the textbook formula
@@ -561,7 +575,6 @@ print(f"estimate within 0.01 % of the measurement, all three: {max(map(abs, erro
 from parlab.units import format_bytes
 
 seq = 2048
-glue("korthikanti_seq", seq, ",")
 table = memory.compare_block(GPT3_175B, batch=1, seq=seq, precision="bf16")
 print(table.to_string(formatters={"Korthikanti": "{:,}".format, "ours": "{:,}".format,
                                   "why they differ": lambda why: f"  {why:<72}"}))
@@ -573,6 +586,9 @@ print(f"ours:               {ours:>15,} B = {format_bytes(ours)} per block")
 print(f"ours / Korthikanti: {ours / theirs:.2f}; the dropout rows are "
       f"{100 * dropout_rows / theirs:.0f}% of the paper's total")
 print(f"Korthikanti without dropout: {no_dropout:,} B, ours minus it: {ours - no_dropout:,} B")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("korthikanti_seq", seq, ",")
 
 # %% [markdown]
 # Read the rows from the top.
@@ -679,8 +695,10 @@ print(f"a failure at hour 1,439, no checkpoint:      ${failure_cost(run, 1439):>
 every = 2  # hours between checkpoints
 print(f"a failure at hour 1,439, checkpoint every {every} h: "
       f"${failure_cost(run, 1439, every):>10,.0f}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("checkpoint_every", every)
-_ = glue("packet_usd", wait_usd, ".2f")
+glue("packet_usd", wait_usd, ".2f")
 
 # %% [markdown]
 # A lost packet costs <span data-glue="packet_usd">2.09</span> dollars of waiting here. What
@@ -700,8 +718,6 @@ _ = glue("packet_usd", wait_usd, ".2f")
 
 # %%
 mtbf, write = 8, 10  # hours between failures, minutes per checkpoint
-glue("mtbf_hours", mtbf)
-glue("write_minutes", write)
 best = young_interval(mtbf_hours=mtbf, checkpoint_minutes=write)
 for interval in (None, mtbf, mtbf // 2, best, 0.5):
     w = expected_waste(run, mtbf_hours=mtbf, interval_hours=interval, checkpoint_minutes=write)
@@ -710,8 +726,12 @@ for interval in (None, mtbf, mtbf // 2, best, 0.5):
         label, at_best = f"every {best:.2f} h (Young)", w
     cost = "the run never finishes" if w.wasted_usd > 1e12 else f"${w.wasted_usd:>12,.0f}"
     print(f"checkpoint {label:<22} expected waste: {cost}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("mtbf_hours", mtbf)
+glue("write_minutes", write)
 glue("young_hours", best, ".2f")
-_ = glue("young_waste_usd", at_best.wasted_usd, ",.0f")
+glue("young_waste_usd", at_best.wasted_usd, ",.0f")
 
 # %% [markdown]
 # Young's interval, <span data-glue="young_hours">1.63</span> hours (printed rounded; the

@@ -66,14 +66,18 @@ import torch.distributed as dist
 from parlab import data_parallel as dp
 from parlab.experiments import FIGURE_8_2
 from parlab.launch import RankError, run
-from parlab.viz import glue, show
+from parlab.viz import show
 
 batch = FIGURE_8_2  # the batch of the figure's run in section 2
 for rank, shares in enumerate(dp.split_batch(batch.samples, batch.micro_batches, world_size=2)):
     print(f"rank {rank}: micro-batches (first sample, last sample + 1) = {shares}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
 glue("split_micro", batch.micro_batches)
 glue("split_per_micro", batch.samples // batch.micro_batches)
-_ = glue("split_samples", batch.samples)
+glue("split_samples", batch.samples)
 
 # %% [markdown]
 # A batch that does not split evenly is an error that says what would work. Each rank
@@ -91,7 +95,7 @@ except ValueError as err:
 # each rank weights its micro-batches by their share of the whole batch (a micro-batch of
 # `m` samples out of `B`, on `N` ranks, counts `m·N/B` times its mean loss). After the sum
 # over the ranks and the division by `N`, that is exactly the mean over all `B` samples.
-# The tests train uneven splits against one process.
+# Trained on an uneven split, the replicas still end equal to one process on the whole batch.
 
 # %%
 print(dp.split_batch(samples=14, micro_batches=7, world_size=2, uneven=True))
@@ -119,9 +123,11 @@ from parlab.experiments import run_figure_8_2
 book = run_figure_8_2(how="all_gather")
 print(book.table())
 first, stop = book.ranks[0]["rows"]
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("fig_micro_per_rank", len(book.ranks[0]["micro"]))
 glue("fig_rows_per_rank", stop - first)
-_ = glue("fig_w1_shape", " × ".join(map(str, book.ranks[0]["local"][0].shape)))
+glue("fig_w1_shape", " × ".join(map(str, book.ranks[0]["local"][0].shape)))
 
 # %% [markdown]
 # Each row shows the first row of the gradient of layer 1's weights
@@ -164,10 +170,9 @@ print("equal to one process:", summed.max_difference() < 1e-6)
 # each rank to add up its peers' gradients in its own order, and floating-point addition is
 # not associative, so replicas can differ in the last bits. An all-reduce returns the very
 # same sum to every rank; that is one reason production code uses it. The output below
-# depends on the CPU's floating-point kernels, so nbval ignores it.
+# depends on your CPU's floating-point kernels: its last digits may differ on your machine.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 four = run_figure_8_2(world_size=4, how="all_gather")
 print("4 ranks, all-gather: identical bits:", four.replicas_identical(),
       f"| largest difference to one process: {four.max_difference():.1e}")
@@ -210,14 +215,9 @@ run(one_step, 2, dp.TrainSpec())
 # the whole batch every step. `dp.train` cuts each run into
 # <span data-glue="train_segments">5</span> launches; each resumes from the previous one's
 # in-memory checkpoint (weights and momentum), and the progress bar advances per launch.
-#
-# The bar shows elapsed time and speed, which differ on every run, so this cell is marked
-# `# NBVAL_IGNORE_OUTPUT` and prints nothing else; the next cell prints the results, and
-# nbval compares those. (Writing the bar to stderr without timings would also work, but
-# then the notebook's bar would look unlike the one readers see everywhere else.)
+# The bars' times are your machine's; the next cell prints the results.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 spec = dp.TrainSpec(steps=30, lr=0.1, momentum=0.9)
 segments, world_sizes = 5, (1, 2, 4)
 reference = dp.reference(spec)
@@ -234,9 +234,11 @@ for n, ranks in runs.items():
           f"final loss {sum(r.losses[-1] for r in ranks) / n:.4f} "
           f"(one process: {reference.losses[-1]:.4f})")
 show(loss_curves(runs, reference.losses))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("train_steps", spec.steps)
 glue("train_world_sizes", f"{', '.join(map(str, world_sizes[:-1]))} and {world_sizes[-1]}")
-_ = glue("train_segments", segments)
+glue("train_segments", segments)
 
 # %% [markdown]
 # ## 4. The production version: `DistributedDataParallel`
@@ -267,7 +269,9 @@ print("replicas identical   ", *(f"{max_difference(r[0].state, r[1].state) == 0!
 print("= one process (1e-6) ", *(f"{max_difference(r[0].state, one.state) < 1e-6!s:<12}"
                                for r in (hand, ddp)))
 print("hand-built = DDP (1e-6):", max_difference(hand[0].state, ddp[0].state) < 1e-6)
-_ = glue("ddp_steps", short.steps)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("ddp_steps", short.steps)
 
 # %% [markdown]
 # ## 5. Buckets: fewer, larger messages
@@ -277,8 +281,8 @@ _ = glue("ddp_steps", short.steps)
 # flat tensor, one all-reduce. `make_buckets` fills them by DDP's rule: from the last tensor
 # back (backward produces the last layer's gradients first), each tensor joins the open
 # bucket whole, and the bucket closes as soon as it holds the cap or more. So a bucket can
-# end up larger than the cap, by less than its last tensor. The tests check this against
-# PyTorch's own bucket assignment, on this model and others.
+# end up larger than the cap, by less than its last tensor. This is the assignment
+# PyTorch's own DDP makes, bucket for bucket, on this model and others.
 #
 # Two details of DDP itself. In the first step it does not yet know in which order the
 # gradients become ready, so by default it syncs them all in one bucket; after that step it
@@ -293,8 +297,10 @@ _ = glue("ddp_steps", short.steps)
 # %%
 for name, p in dp.make_model(spec).named_parameters():
     print(f"{name:<9} {' × '.join(map(str, p.shape))}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("ddp_first_mib", dp.DDP_FIRST_BUCKET_BYTES / 2**20, ".0f")
-_ = glue("ddp_cap_mib", dp.DDP_BUCKET_CAP_BYTES / 2**20, ".0f")
+glue("ddp_cap_mib", dp.DDP_BUCKET_CAP_BYTES / 2**20, ".0f")
 
 # %% [markdown]
 # **Exercise 02.1 (predict first).** The next cell trains with a bucket cap of 200 bytes.
@@ -316,15 +322,17 @@ for cap in caps:
     print(f"bucket cap {cap!s:>7} bytes: {ranks[0].calls[0]} all-reduce calls, "
           f"{ranks[0].sync_bytes[0]} bytes per step, equal to one process: "
           f"{max_difference(ranks[0].state, dp.reference(spec.replace(steps=2)).state) < 1e-6}")
+bucket_sizes = dp.bucket_bytes(list(dp.make_model(spec).parameters()), caps[1])
+print(f"bytes per bucket with the {caps[1]}-byte cap: {bucket_sizes}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("buckets_calls_none", calls[None])
 glue("buckets_cap", caps[1])
 glue("buckets_calls_cap", calls[caps[1]])
 glue("buckets_calls_one", calls[caps[2]])
-bucket_sizes = dp.bucket_bytes(list(dp.make_model(spec).parameters()), caps[1])
-print(f"bytes per bucket with the {caps[1]}-byte cap: {bucket_sizes}")
 glue("buckets_sizes_cap", f"{', '.join(map(str, bucket_sizes[:-1]))} and {bucket_sizes[-1]}")
 glue("grad_bytes", ranks[0].sync_bytes[0])
-_ = glue("grad_numbers", sum(p.numel() for p in dp.make_model(spec).parameters()))
+glue("grad_numbers", sum(p.numel() for p in dp.make_model(spec).parameters()))
 
 # %% [markdown]
 # Synced one by one, the tensors make <span data-glue="buckets_calls_none">6</span>
@@ -360,11 +368,13 @@ with torch.device("meta"):  # shapes only, no memory
     gpt2 = list(GPT(GPT2_SMALL).parameters())
 gpus, gbps = 64, 400
 print(bucketing_table(gpt2, gpus=gpus, gbps=gbps).to_string(index=False))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("gpt2_params_m", sum(p.numel() for p in gpt2) / 1e6, ".0f")
 glue("gpt2_tensors", len(gpt2))
 glue("bucket_gpus", gpus)
 glue("bucket_alpha_us", nic(gbps).alpha * 1e6, ".0f")
-_ = glue("bucket_gbps", gbps)
+glue("bucket_gbps", gbps)
 
 # %% [markdown]
 # ## 6. Counting bytes with the toy backend
@@ -425,12 +435,14 @@ print(table.to_string(index=False))
 show(traffic_figure(table, size))
 small, large = sorted(table["ranks"].unique())
 sent = {key: part["sent per step (B)"] for key, part in table.groupby(["ranks", "algorithm"])}
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("traffic_small", small)
 glue("traffic_large", large)
 glue("ring_ratio_large", sent[large, "ring"].mean() / size, ".1f")
 glue("ring_min_large", sent[large, "ring"].min())
 glue("ring_max_large", sent[large, "ring"].max())
-_ = glue("naive_root_ratio_large", sent[large, "naive"].max() / size, ".0f")
+glue("naive_root_ratio_large", sent[large, "naive"].max() / size, ".0f")
 
 # %% [markdown]
 # * On **<span data-glue="traffic_small">2</span> GPUs** ring and naive are the same: each GPU
@@ -464,10 +476,12 @@ layer_batches = (8, 64)
 layers = layer_traffic(FIGURE_8_2, batches=layer_batches)
 print(layers.to_string(index=False))
 w2 = layers.iloc[2]
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("layer_w2", f"{w2['C_out']} × {w2['C_in']}")
 glue("layer_w2_bytes", w2[f"sent, batch {layer_batches[-1]} (B)"])
 glue("layer_batch_small", layer_batches[0])
-_ = glue("layer_batch_large", layer_batches[-1])
+glue("layer_batch_large", layer_batches[-1])
 
 # %% [markdown]
 # The slides put the cost of data parallelism at C_in × C_out per layer and step, and the
@@ -480,8 +494,8 @@ _ = glue("layer_batch_large", layer_batches[-1])
 #
 # ## 7. Hundreds or thousands of GPUs
 #
-# The closed forms of `parlab.comm.cost` (checked against the toy backend's logs by its
-# tests) scale the count up. Below: bytes through the busiest NIC per step, and the time of
+# The closed forms of `parlab.comm.cost` (they equal the bytes the toy backend logs on
+# small runs) scale the count up. Below: bytes through the busiest NIC per step, and the time of
 # one gradient all-reduce from the alpha-beta model, against the compute time of the step
 # (<span data-glue="flops_per_token">6</span> FLOPs per parameter per token,
 # <span data-glue="tokens_per_gpu">16,384</span> tokens per GPU, an H100 at
@@ -526,6 +540,8 @@ for algorithm in ("ring", "naive", "tree"):
     label = "tree (binomial)" if algorithm == "tree" else algorithm
     print(f"  {label:<15} busiest NIC {busiest / 1e9:>10,.0f} GB per step, "
           f"all-reduce {seconds:>9,.1f} s")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("flops_per_token", FLOPS_PER_PARAMETER_TOKEN)
 glue("tokens_per_gpu", TOKENS_PER_GPU, ",")
 glue("mfu", MFU, ".0%")
@@ -536,7 +552,7 @@ glue("scale_ring_s", cost["ring"][1], ".1f")
 glue("scale_ring_gb", cost["ring"][0] / 1e9, ",.0f")
 glue("scale_tree_gb", cost["tree"][0] / 1e9, ",.0f")
 glue("scale_tree_s", cost["tree"][1], ".1f")
-_ = glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
+glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
 
 # %% [markdown]
 # On <span data-glue="scale_replicas">1,024</span> GPUs the ring's all-reduce takes
@@ -550,17 +566,18 @@ _ = glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
 
 # %%
 from parlab.comm import one_collective
-from parlab.viz import glue
 
 tree_sizes = (8, 16)
 for n in tree_sizes:
     _, tree = run_with_traffic(one_collective, n, "all_reduce", 4, algorithm="tree")
     sent = tree.per_rank()["messages sent"]
     print(f"tree all_reduce on {n:>2} ranks, messages sent per rank: {sent.tolist()}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("tree_ranks_small", tree_sizes[0])
 glue("tree_ranks_large", tree_sizes[-1])
 glue("tree_max_large", int(sent.max()))
-_ = glue("tree_leaves_large", int((sent == 1).sum()))
+glue("tree_leaves_large", int((sent == 1).sum()))
 
 # %% [markdown]
 # On <span data-glue="tree_ranks_large">16</span> ranks the root sends
@@ -618,15 +635,17 @@ gpt2_grad = 4 * sum(p.numel() for p in gpt2)  # fp32 gradient of GPT-2 small (se
 per_server = 8  # GPUs per server
 links = two_gpu_links(gpt2_grad, nic_gbps=NIC_GBPS, gpus_per_server=per_server)
 print(links.to_string(index=False))
+rail = links[links["link"] == "rail"].iloc[0]
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("links_nvlink_gbs", NVLINK.bandwidth / 1e9, ".0f")
 glue("links_nic_gbps", NIC_GBPS)
 glue("links_nic_gbs", nic(NIC_GBPS).bandwidth / 1e9, ".0f")
 glue("links_ratio", NVLINK.bandwidth / nic(NIC_GBPS).bandwidth, ".0f")
 glue("links_per_server", per_server)
 glue("links_grad_mb", gpt2_grad / 1e6, ".0f")
-rail = links[links["link"] == "rail"].iloc[0]
 glue("links_rail_busy", rail["port busy (%)"], ".1f")
-_ = glue("links_speedup", rail["all-reduce (ms)"] / links.iloc[0]["all-reduce (ms)"], ".0f")
+glue("links_speedup", rail["all-reduce (ms)"] / links.iloc[0]["all-reduce (ms)"], ".0f")
 
 # %% [markdown]
 # On two servers the claim holds, NIC by NIC. Each GPU has its own NIC; in a ring of two it
@@ -684,6 +703,8 @@ for rank, lines in journals.items():
             print("    " + line)
 last_update = {int(line.split(":")[0].split()[1])
                for lines in journals.values() for line in lines if "update applied" in line}
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("fail_rank", fail_rank)
 glue("fail_bucket", fail_bucket)
 glue("fail_step", fail_step)
@@ -691,7 +712,7 @@ glue("fail_cap", faulty.bucket_cap_bytes)
 glue("fail_buckets", len(dp.make_buckets(list(dp.make_model(faulty).parameters()),
                                          faulty.bucket_cap_bytes)))
 glue("fail_every", every)
-_ = glue("fail_last_update", max(last_update))
+glue("fail_last_update", max(last_update))
 
 # %% [markdown]
 # Rank 0 had already received the average of every bucket before the lost one, but no rank
@@ -711,8 +732,10 @@ lose_rank, lose_step = lose_at = (1, 2)
 drifted = dp.train(spec.replace(steps=10), 2, lose_at=lose_at)
 print("replicas differ after the silent loss (by more than 1e-4):",
       max_difference(drifted[0].state, drifted[1].state) > 1e-4)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("lose_rank", lose_rank)
-_ = glue("lose_step", lose_step)
+glue("lose_step", lose_step)
 
 # %% [markdown]
 # Now the checkpoint. The failed run saved the state after step
@@ -729,9 +752,11 @@ uninterrupted = dp.train(faulty, 2)
 print(f"resumed from the checkpoint after step {start['step']}, ran {len(resumed[0].losses)} steps")
 print("final weights equal to an uninterrupted run:",
       max_difference(resumed[0].state, uninterrupted[0].state) == 0)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("resume_from", start["step"])
 glue("resume_first", start["step"] + 1)
-_ = glue("resume_last", start["step"] + len(resumed[0].losses))
+glue("resume_last", start["step"] + len(resumed[0].losses))
 
 # %% [markdown]
 # On the book's scale this is money. `parlab.memory.energy` prices the chapter's run
@@ -752,6 +777,8 @@ lost, lost_with = failure_cost(book_run, at), failure_cost(book_run, at, every_h
 print(book_run)
 print(f"failure after {at:,} h, no checkpoint:          ${lost:>12,.0f}")
 print(f"failure after {at:,} h, checkpoint every {every_h} h:   ${lost_with:>12,.0f}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("cost_gpus", book_run.gpus, ",")
 glue("cost_watts", book_run.watts_per_gpu, ".0f")
 glue("cost_days", days)
@@ -759,7 +786,7 @@ glue("cost_usd_kwh", book_run.usd_per_kwh, ".2f")
 glue("cost_hours_in", hours_in)
 glue("cost_every", every_h)
 glue("cost_lost", lost, ",.0f")
-_ = glue("cost_lost_with", lost_with, ",.0f")
+glue("cost_lost_with", lost_with, ",.0f")
 
 # %% [markdown]
 # The checkpoints turn a loss of $<span data-glue="cost_lost">2,481,500</span> into one of

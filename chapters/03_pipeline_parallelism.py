@@ -57,17 +57,18 @@
 # %%
 from parlab.pipeline import describe_step, doubled_steps, schedule, simulate
 from parlab.experiments import errata
-from parlab.viz import glue
 
 book = schedule("book", stages=4, microbatches=4)
 print(book)
 doubled = doubled_steps(book)
 print("\nsteps in which a rank runs two actions:", doubled)
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
 glue("s1_b2_first", doubled[3][0])
 glue("s1_b2_last", doubled[3][-1])
-_ = glue("s1_b1_step", doubled[2][0])
+glue("s1_b1_step", doubled[2][0])
 
 # %% [markdown]
 # Two ranks double up. B2 (rank 3) computes the model output of one micro-batch and the
@@ -131,14 +132,14 @@ print(describe_step(sim, 5))
 for erratum in errata(sim):
     print(erratum)
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 slips = [e.step for e in errata(sim)]
 glue("err_count", len(slips))
 glue("err_b3", slips[0])
 glue("err_repeat", slips[1])
 glue("err_repeat_prev", slips[1] - 1)
 glue("err_e1", slips[2])
-_ = glue("err_e1_next", slips[2] + 1)
+glue("err_e1_next", slips[2] + 1)
 
 # %% [markdown]
 # * **Step <span data-glue="err_b3">2</span>**: the text sends y1 from A2 "to B3". There is no
@@ -212,7 +213,7 @@ print(run.report())
 print()
 print(run.log_text(2))
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s4_ranks", run.simulation.schedule.stages)
 glue("net_inputs", run.net.widths[0])
 glue("net_hidden", len(run.net.widths) - 2)
@@ -220,7 +221,7 @@ glue("net_width", run.net.widths[1])
 glue("net_outputs", run.net.widths[-1])
 glue("net_samples", run.net.samples)
 glue("net_mb", book.microbatches)
-_ = glue("net_mb_size", run.net.samples // book.microbatches)
+glue("net_mb_size", run.net.samples // book.microbatches)
 
 # %% [markdown]
 # The loss is the squared error averaged over all <span data-glue="net_samples">8</span>
@@ -256,10 +257,12 @@ print(run.gradient_table())
 # %%
 print(run.update_table())
 flush = run.simulation.next_iteration()
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s4_next_a1", flush[0][1])
 glue("s4_b2_last", flush[-1][0])
 glue("s4_b2_next", flush[-1][1])
-_ = glue("s4_b2_wait", flush[-1][1] - flush[-1][0] - 1)
+glue("s4_b2_wait", flush[-1][1] - flush[-1][0] - 1)
 
 # %% [markdown]
 # Each GPU updates on its own schedule, B2 first and A1 last, and the new weights equal one
@@ -326,8 +329,7 @@ print("compute spans per rank = actions per rank in the schedule:",
 # These numbers change with every run and every machine, so compare them with each other,
 # not with a number in the text.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from parlab.viz.plots import trace_figure
 
 for row in trace_summary(trace):
@@ -436,9 +438,9 @@ sims = [simulate(schedule(name, 4, 4, 2 if name == "interleaved" else 1))
 for s in sims:
     print(s.summary())
 show(gantt_figure(sims))
-
-# %%
 naive, book_sim, gpipe, one_f_one_b, interleaved = sims
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 a1_chunks = [k + 1 for k in range(interleaved.schedule.virtual_stages)
              if interleaved.schedule.rank_of(k) == 0]
 glue("s5_a1_chunk_a", a1_chunks[0])
@@ -450,7 +452,7 @@ glue("s5_gpipe_bubble", gpipe.bubble_fraction, ".3f")
 glue("s5_gpipe_over_ideal", gpipe.bubble_over_ideal, ".2f")
 glue("s5_gpipe_steps", gpipe.steps)
 glue("s5_book_steps", book_sim.steps)
-_ = glue("s5_book_bubble", book_sim.bubble_fraction, ".3f")
+glue("s5_book_bubble", book_sim.bubble_fraction, ".3f")
 
 # %% [markdown]
 # GPipe leaves <span data-glue="s5_gpipe_bubble">0.429</span> of its slots idle. Every row
@@ -481,10 +483,10 @@ slots = {s.schedule.name: slot_count(s) for s in (book_sim, gpipe, one_f_one_b)}
 for name, count in slots.items():
     print(f"{name:<6} {count}")
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s5_actions", slots["book"].actions)
 glue("s5_book_busy", slots["book"].busy_slots)
-_ = glue("s5_book_doubled", slots["book"].doubled_slots)
+glue("s5_book_doubled", slots["book"].doubled_slots)
 
 # %% [markdown]
 # All three run <span data-glue="s5_actions">32</span> actions. GPipe and 1F1B need one busy
@@ -508,9 +510,9 @@ for s in (serial, gpipe, one_f_one_b):
     print(s.summary())
 show(gantt_figure([book_sim, serial, gpipe]))
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s5_serial_steps", serial.steps)
-_ = glue("s5_serial_bubble", serial.bubble_fraction, ".3f")
+glue("s5_serial_bubble", serial.bubble_fraction, ".3f")
 
 # %% [markdown]
 # Split that way, the book's schedule takes <span data-glue="s5_serial_steps">14</span>
@@ -543,10 +545,10 @@ print(interleaved_run.report())
 sent = {"interleaved": len(interleaved_run.traffic.records), "book": len(toy_run.traffic.records)}
 print(f"messages logged: {sent}; ratio {sent['interleaved'] / sent['book']:.3f}")
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s5_sent_interleaved", sent["interleaved"])
 glue("s5_sent_book", sent["book"])
-_ = glue("s5_sent_ratio", sent["interleaved"] / sent["book"], ".2f")
+glue("s5_sent_ratio", sent["interleaved"] / sent["book"], ".2f")
 
 # %% [markdown]
 # <span data-glue="s5_sent_interleaved">56</span> messages against the book's
@@ -574,7 +576,7 @@ rows = compare(stages=p, microbatches=m, chunks=v, microbatch_size=1, seq=seq,
 print(comparison_table(rows))
 cost = {r.name: r for r in rows}
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s5_seq", seq)
 glue("s5_p", p)
 glue("s5_m", m)
@@ -585,7 +587,7 @@ glue("s5_1f1b_peak_m8", cost["1f1b"].peak_inflight)
 glue("s5_naive_peak", cost["naive"].peak_inflight)
 glue("s5_gpipe_gb", cost["gpipe"].peak_bytes / 1e9, ".3g")
 glue("s5_naive_gb", cost["naive"].peak_bytes / 1e9, ".3g")
-_ = glue("s5_1f1b_gb", cost["1f1b"].peak_bytes / 1e9, ".3g")
+glue("s5_1f1b_gb", cost["1f1b"].peak_bytes / 1e9, ".3g")
 
 # %% [markdown]
 # With twice as many micro-batches as stages, GPipe's bubble fraction falls to
@@ -607,7 +609,9 @@ _ = glue("s5_1f1b_gb", cost["1f1b"].peak_bytes / 1e9, ".3g")
 ratio = cost["interleaved"].transfers / cost["1f1b"].transfers
 print(f"interleaved / 1F1B transfers: {ratio:.3f}; "
       f"(pv-1)/(p-1) = {(p * v - 1) / (p - 1):.3f}; v = {v}")
-_ = glue("s5_ratio", ratio, ".2f")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("s5_ratio", ratio, ".2f")
 
 # %% [markdown]
 # Interleaving sends <span data-glue="s5_ratio">2.33</span> times the messages of 1F1B here,
@@ -667,7 +671,7 @@ print("all-reduce groups:", hybrid.sync_groups)
 print()
 print(hybrid.sync_table())
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 from parlab.hybrid import SYNC_FORMAT
 
 first = hybrid.sync_pairs()[0]  # hidden layer 1, on A1 and C1
@@ -681,7 +685,7 @@ glue("hyb_a1", first.local[0], SYNC_FORMAT)
 glue("hyb_c1", first.local[1], SYNC_FORMAT)
 glue("hyb_sum", first.summed, SYNC_FORMAT)
 glue("hyb_avg", first.averaged, SYNC_FORMAT)
-_ = glue("hyb_single", first.single, SYNC_FORMAT)
+glue("hyb_single", first.single, SYNC_FORMAT)
 
 # %% [markdown]
 # The <span data-glue="hyb_pairs">4</span> groups are the <span data-glue="hyb_pairs">4</span>
@@ -717,17 +721,16 @@ for kind, theirs in torch_runs.items():
     print(f"{kind}: largest gradient difference from our executor below 1e-6: "
           f"{theirs.difference(runs[kind]) < 1e-6}")  # runs: our executor's, from section 5
 
-# %%
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("s7_stages", torch_runs["1f1b"].stages)
 glue("s7_m", torch_runs["1f1b"].microbatches)
-_ = glue("s7_m_last", torch_runs["1f1b"].microbatches - 1)
+glue("s7_m_last", torch_runs["1f1b"].microbatches - 1)
 
 # %% [markdown]
-# The order of actions on each rank, PyTorch's plan beside ours. (This output depends on
-# the installed PyTorch version, so the notebook tests do not compare it.)
+# The order of actions on each rank, PyTorch's plan beside ours. (PyTorch's plan can differ
+# from one PyTorch version to the next.)
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 import torch
 
 same = {}
@@ -740,10 +743,12 @@ for kind, theirs in torch_runs.items():
                                     f"torch {' '.join(theirs.actions[rank])} | "
                                     f"ours {' '.join(mine[rank])}"))
 last_forwards = torch_runs["1f1b"].forward_microbatches(3)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell", "nbval-ignore-output"]
 glue("s7_torch", torch.__version__.split("+")[0])
 glue("s7_1f1b_same", sum(same["1f1b"]))
 glue("s7_first_mb", last_forwards[0])
-_ = glue("s7_last_mb", last_forwards[-1])
+glue("s7_last_mb", last_forwards[-1])
 
 # %% [markdown]
 # The gradients agree for both schedules. The orders agree for every rank of GPipe and for

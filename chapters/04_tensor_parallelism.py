@@ -105,7 +105,6 @@ show(transformer_figure(gpt3, count_parameters(gpt3)))
 # %%
 from parlab.experiments import layer_memory
 from parlab.units import GB
-from parlab.viz import glue
 
 lm = layer_memory(tp=8, microbatches=8)
 print(f"feed-forward layer: {lm['ffn_parameters']:,} parameters, "
@@ -121,8 +120,12 @@ for tp in (1, lm["tp"]):
     print(f"      blocks whose model states fit on one GPU: {row['blocks_per_gpu']}, so at "
           f"least {row['stages']} pipeline stages; GPipe's bubble with "
           f"{lm['microbatches']} micro-batches: {row['bubble']:.3f}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
 glue("gpu_gb", lm["gpu_bytes"] / GB, "g")
-_ = glue("tp_gpt3", lm["tp"])
+glue("tp_gpt3", lm["tp"])
 
 # %% [markdown]
 # The reasons for tensor parallelism are the other lines:
@@ -194,8 +197,10 @@ from parlab.experiments import qkv_example
 
 show(local_qkv_figure(qkv_example()))
 n_tokens, width = qkv_example()["X"].shape
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("qkv_tokens", n_tokens)
-_ = glue("qkv_d_model", width)
+glue("qkv_d_model", width)
 
 # %% [markdown]
 # **The book's names, and this notebook's.** Figures 8-16 to 8-19 and the text around them
@@ -216,7 +221,7 @@ print(book_names_table())
 #
 # `parlab.tensor_parallel.shard_spec` decides who owns which slice of a tensor and returns a
 # `ShardSpec` per rank that prints itself. The same specs cut the tensors, glue them back,
-# and label the figures, so the picture, the code and the tests cannot disagree.
+# and label the figures, so the picture and the code cannot disagree.
 #
 # A warning about names first. Megatron's *column*-parallel layer splits the columns of A
 # in Y = X A. PyTorch stores `nn.Linear.weight` as Aᵀ, shape (out, in), so those columns
@@ -288,13 +293,15 @@ for bad in (lambda: shard_spec("W_Q", (12288, 12288), "heads", 5, n_heads=96),
 from parlab.experiments import run_embedding
 
 vocab, ranks = 11, 3
-glue("emb_vocab", vocab)
-glue("emb_ranks", ranks)
 embeddings = {kind: run_embedding(kind, vocab=vocab, world_size=ranks, backend="toy")
               for kind in ("broadcast", "vocab")}
 for c in embeddings.values():
     print(c.summary())
     print(c.traffic_table(), "\n")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("emb_vocab", vocab)
+glue("emb_ranks", ranks)
 
 # %% [markdown]
 # **The book says that splitting the table brings high communication costs.** Split each
@@ -331,12 +338,14 @@ for kind, w in at_scale.items():
 extra = at_scale["vocab"]["total"] - at_scale["broadcast"]["total"]
 print(f"the {gpt3.n_layers} blocks' own all-reduces (4 per block): {blocks / 1e9:.1f} GB; "
       f"the vocabulary split adds {100 * extra / blocks:.2f} % to them")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("emb_book_gb", at_scale["broadcast"]["total"] / 1e9, ".2f")
 glue("emb_vocab_gb", at_scale["vocab"]["total"] / 1e9, ".2f")
 glue("emb_ratio", at_scale["vocab"]["total"] / at_scale["broadcast"]["total"], ".2f")
 glue("emb_book_mb", at_scale["broadcast"]["embedding"] / 1e6, ".0f")
 glue("emb_vocab_mb", at_scale["vocab"]["embedding"] / 1e6, ".0f")
-_ = glue("emb_share", 100 * extra / blocks, ".2f")
+glue("emb_share", 100 * extra / blocks, ".2f")
 
 # %% [markdown]
 # Counted like for like, **the book's direction is right**: the vocabulary split moves
@@ -388,9 +397,11 @@ print(f"output layer's matrix multiply (forward): {why['head_forward_flops'] / 1
 print(f"the loss: all-gather the fp32 logits ({why['logits_bytes'] / 1e6:.0f} MB): "
       f"{why['gather_logits_wire_bytes'] / 1e9:.2f} GB on the wire; parallel cross-entropy "
       f"(3 values per token): {why['parallel_loss_wire_bytes'] / 1e3:.0f} kB")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("why_table_blocks", why["table_state_bytes"] / why["block_state_bytes_per_gpu"], ".1f")
-_ = glue("why_head_blocks", why["head_forward_flops"] / why["block_forward_flops_per_gpu"],
-         ".1f")
+glue("why_head_blocks", why["head_forward_flops"] / why["block_forward_flops_per_gpu"],
+     ".1f")
 
 # %% [markdown]
 # Kept whole, the table and its optimizer state weigh as much on A1 as
@@ -448,7 +459,9 @@ x_grad, ranks = mlp.reference["x.grad"], mlp.info["world_size"]
 on_wire = ring_wire_bytes("all_reduce", x_grad.nbytes, ranks)
 print(f"X: {tuple(x_grad.shape)} floats = {x_grad.nbytes} B; ring all-reduce on {ranks} GPUs: "
       f"{on_wire:g} B on the wire")
-_ = glue("mlp_ranks", ranks)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("mlp_ranks", ranks)
 
 # %% [markdown]
 # ### The same MLP with PyTorch's API
@@ -792,16 +805,18 @@ print(f"summing dQ and dK alone: {summed[0]} B by all-reduce, {summed[1]} B by "
       f"reduce-scatter ({summed[1] / summed[0]:g} x)")
 
 # %% [markdown]
-# These byte counts follow formulas (`counting.attention_bytes`; the tests check them
-# against the toy log), so they can be scaled to GPT-3: one attention layer,
+# These byte counts follow formulas (`counting.attention_bytes`, equal to the toy
+# backend's log), so they can be scaled to GPT-3: one attention layer,
 # <span data-glue="gpt3_seq">2,048</span> tokens, `d_model = 12288`,
 # <span data-glue="tp_gpt3">8</span> GPUs, fp16. Change the sizes below the figure:
 
 # %%
 from parlab.viz.widgets import attention_explorer
 
-glue("gpt3_seq", gpt3.context, ",")
 attention_explorer(seq=gpt3.context, d_model=gpt3.d_model, ranks=lm["tp"], precision="fp16")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("gpt3_seq", gpt3.context, ",")
 
 # %% [markdown]
 # ## 6. Figure 8-19: the feed-forward layer on six GPUs
@@ -872,8 +887,6 @@ from parlab.experiments import run_ffn
 from parlab.comm import figure_8_19
 
 batch, micro_batches = 4, 2
-glue("ffn_batch", batch)
-glue("ffn_micro", micro_batches)
 ffn = run_ffn(sizes=(4, 6, 4, 2), tensor=2, batch=batch, micro_batches=micro_batches,
               backend="toy")
 print(ffn.summary())
@@ -883,6 +896,10 @@ for phase, log in ffn.traffic.items():
     links = log.per_link_type(cluster)
     print(f"{phase:<8} bytes: NVLink {links['nvlink']:>4}, rail {links['rail']:>4}, "
           f"spine {links['spine']}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("ffn_batch", batch)
+glue("ffn_micro", micro_batches)
 
 # %% [markdown]
 # What the backward pass summed inside each server: the number of all-reduces, the size of
@@ -923,7 +940,6 @@ show(ffn_figure(ffn))
 # %%
 from parlab.comm import TrafficLog
 
-glue("ffn_nvlink_gbs", cluster.links["nvlink"].bandwidth / GB, ".0f")
 for gbps in (100, 400):
     c = figure_8_19(nic_gbps=gbps)
     for phase, log in ffn.traffic.items():
@@ -934,6 +950,9 @@ for gbps in (100, 400):
               f"rail transfers {times['rail']:5.1f} us")
     ratio = c.links["nvlink"].bandwidth / c.links["rail"].bandwidth
     print(f"NVLink bandwidth / NIC bandwidth: {ratio:g}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("ffn_nvlink_gbs", cluster.links["nvlink"].bandwidth / GB, ".0f")
 
 # %% [markdown]
 # Messages this small (their bytes are printed above) cost their latency and nothing
@@ -966,10 +985,12 @@ for phase, row in crossed.items():
         print(f"  by the {via:<5}: NVLink {w['nvlink']:>3} B, rail {w['rail']:>3} B, spine "
               f"{w['spine']:>3} B; passes through a network switch: {w['switches']}")
 fwd = crossed["forward"]
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("xr_messages", fwd["messages"])
 glue("xr_bytes", fwd["bytes"])
 glue("xr_spine_switches", fwd["spine"]["switches"] // fwd["messages"])
-_ = glue("xr_relay_switches", fwd["relay"]["switches"] // fwd["messages"])
+glue("xr_relay_switches", fwd["relay"]["switches"] // fwd["messages"])
 
 # %% [markdown]
 # By the spine, the forward pass's <span data-glue="xr_messages">8</span> messages put their

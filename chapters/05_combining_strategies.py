@@ -61,7 +61,6 @@
 
 # %%
 from parlab.models import SmallCNN, communication_per_layer, profile, share_by_kind
-from parlab.viz import glue
 
 image, cnn_batch = (3, 32, 32), 8
 profiles = profile(SmallCNN(), image, batch=cnn_batch)
@@ -74,10 +73,14 @@ for p in profiles:  # kernel and image: height x width, "-" for a fully connecte
 for kind, share in share_by_kind(profiles).items():
     print(f"{kind}: {share['flops']:.1%} of the FLOPs, {share['params']:.1%} of the parameters")
 by_name = {p.name: p for p in profiles}
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
 glue("cnn_image", " x ".join(map(str, image)))
 glue("cnn_hw", " x ".join(map(str, by_name["conv1"].input_hw)))
 glue("conv5_hw", " x ".join(map(str, by_name["conv5"].input_hw)))
-_ = glue("cnn_batch", cnn_batch)
+glue("cnn_batch", cnn_batch)
 
 # %% [markdown]
 # The slides' numbers hold for this model. Now the communication. Data parallelism sends a
@@ -161,11 +164,13 @@ for ranks in (2, 4):
 from parlab.experiments import summary_table, summary_text
 
 n_gpus, gpu_gb = 1024, 80  # the cluster of this section and the next
-glue("gpus", n_gpus, ",")
-glue("gpu_gb", gpu_gb)
 rows = summary_table("GPT-3 175B", gpus=n_gpus, gpu_memory_gb=gpu_gb)
 print(summary_text(rows))
-_ = glue("ddp_buckets", rows[0].numbers["ddp_buckets"], ",")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("gpus", n_gpus, ",")
+glue("gpu_gb", gpu_gb)
+glue("ddp_buckets", rows[0].numbers["ddp_buckets"], ",")
 
 # %% [markdown]
 # The data row quotes the slides and corrects them: their "no communication during
@@ -220,6 +225,9 @@ from parlab.models import GPT3_175B, MFU
 from parlab.viz.widgets import planner_explorer
 
 explorer = planner_explorer("GPT-3 175B", n_gpus, gpu_gb)
+explorer
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("h100_tflops", H100_BF16_TFLOPS, "g")
 glue("h100_tbs", H100_HBM_TB_PER_S, "g")
 glue("mfu_pct", 100 * MFU, ".0f")
@@ -228,7 +236,6 @@ glue("plan_batch_mtok", Assumptions().global_batch * GPT3_175B.context / 1e6, ".
 glue("gpt3_seq", GPT3_175B.context, ",")
 glue("nic_gbps", explorer.controls["nic_gbps"].value)
 glue("nvlink_gbs", explorer.controls["nvlink_gbs"].value, "g")
-explorer
 
 # %% [markdown]
 # ### Why not less model parallelism?
@@ -300,13 +307,15 @@ from parlab.experiments import copy_sizes, copy_table
 sizes = copy_sizes("GPT-3 175B", global_batch=Assumptions().global_batch, gpus=n_gpus,
                    gpu_memory_gb=gpu_gb)
 print(copy_table(sizes))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("copy_few", sizes[0].gpus)
 glue("copy_few_batch", sizes[0].micro_batch)
 glue("copy_step_batch", sizes[1].sequences, ",")
 glue("copy_few_bubble", 100 * sizes[0].bubble, ".0f")
 glue("copy_fewest", sizes[2].gpus)
 glue("copy_recompute", sizes[3].gpus)
-_ = glue("copy_planner", sizes[4].gpus)
+glue("copy_planner", sizes[4].gpus)
 
 # %% [markdown]
 # Chapter 01's <span data-glue="copy_few">64</span> GPUs hold GPT-3 only with a pipeline
@@ -339,6 +348,8 @@ print(f"\ndata x tensor only, dp {two_way.dp} x tp {two_way.tp} x pp {two_way.pp
       f"{two_way.reason}")
 print(f"\nthe fastest on {slides_gpus} GPUs, then the fastest on {n_gpus:,}:")
 print(table([at_slides.ranked[0], found.ranked[0]]))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("slides_gpus", slides_gpus)
 glue("two_way_dp", two_way.dp)
 glue("two_way_gb", two_way.memory.total / 1e9, ".0f")
@@ -349,7 +360,7 @@ glue("slides_best_tp", at_slides.ranked[0].tp)
 glue("full_best_tp", found.ranked[0].tp)
 glue("slides_step_s", at_slides.ranked[0].step_time_s, ".1f")
 glue("full_step_s", found.ranked[0].step_time_s, ".1f")
-_ = glue("slides_slower_x", at_slides.ranked[0].step_time_s / found.ranked[0].step_time_s, ".2f")
+glue("slides_slower_x", at_slides.ranked[0].step_time_s / found.ranked[0].step_time_s, ".2f")
 
 # %% [markdown]
 # Megatron-LM's two-way recipe does not hold GPT-3: with tensor parallelism capped at one
@@ -447,11 +458,12 @@ for tp in (1, 8):
 
 # %%
 k = m = 4096  # the weight of the measurement below
-glue("cpu_k", k, ",")
-_ = glue("cpu_m", m, ",")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("cpu_k", k, ",")
+glue("cpu_m", m, ",")
+
+# %% tags=["nbval-ignore-output"]
 from parlab.models import matmul_rates
 
 for tokens, rate in matmul_rates(k=k, m=m):
@@ -475,7 +487,6 @@ from parlab.hybrid import evaluate
 short_seq = 256
 same_tokens = Assumptions().global_batch * GPT3_175B.context  # sequences x tokens per step
 short = dict(seq=short_seq, global_batch=same_tokens // short_seq)
-glue("short_seq", short_seq)
 wins = {}
 for label, bandwidth in (("with the roofline", H100_HBM_TB_PER_S), ("without it", math.inf)):
     wins[label] = win = plan("GPT-3 175B", n_gpus, gpu_gb, gpu_tb_per_s=bandwidth, **short)[0]
@@ -487,8 +498,11 @@ really = evaluate("GPT-3 175B", flat.dp, flat.tp, flat.pp, flat.microbatches,
 print(f"the roofline's verdict on the second: its GPUs run at {really.efficiency:.0%} of "
       f"compute-bound speed, a step takes {really.step_time_s:.2f} s, not "
       f"{flat.step_time_s:.2f} s")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("short_seq", short_seq)
 glue("short_b_roof", wins["with the roofline"].micro_batch)
-_ = glue("short_b_flat", flat.micro_batch)
+glue("short_b_flat", flat.micro_batch)
 
 # %% [markdown]
 # Without the roofline the planner picks micro-batches of
@@ -520,8 +534,10 @@ print(f"cutting {blocks} blocks into {stages} contiguous stages: {cuts:.2e} ways
       f"1, equal stages)")
 print(f"any block on any of the {gpus_per_copy} GPUs of one copy: "
       f"{gpus_per_copy}^{blocks} = 10^{blocks * math.log10(gpus_per_copy):.0f} placements")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("space_evaluated", space["evaluated"])
-_ = glue("space_triples", space["triples"])
+glue("space_triples", space["triples"])
 
 # %% [markdown]
 # The planner priced <span data-glue="space_evaluated">80</span> layouts from
@@ -540,8 +556,6 @@ _ = glue("space_triples", space["triples"])
 
 # %%
 trained_tokens, batches = 300e9, (1536, 3072, 6144, 12288)
-glue("trained_tokens_b", trained_tokens / 1e9, ".0f")
-glue("big_batch_x", batches[-1] // batches[0])
 days = {}
 for batch in batches:
     lay = plan("GPT-3 175B", n_gpus, gpu_gb, global_batch=batch)[0]
@@ -549,7 +563,11 @@ for batch in batches:
     days[batch] = steps * lay.step_time_s / 86400
     print(f"batch {batch:>6,}: {lay.name:<34} bubble {lay.bubble_fraction:5.1%}, "
           f"{steps:>7,.0f} steps, {days[batch]:5.1f} days")
-_ = glue("big_batch_saving", 100 * (1 - days[batches[-1]] / days[batches[0]]), ".0f")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("trained_tokens_b", trained_tokens / 1e9, ".0f")
+glue("big_batch_x", batches[-1] // batches[0])
+glue("big_batch_saving", 100 * (1 - days[batches[-1]] / days[batches[0]]), ".0f")
 
 # %% [markdown]
 # A batch <span data-glue="big_batch_x">8</span> times larger saves
@@ -597,12 +615,6 @@ from parlab.models import count_parameters, get_config
 
 llama_gpus, llama_job = 64, dict(global_batch=512, seq=8192)
 llama_config = get_config("Llama-3-8B")
-glue("llama_gpus", llama_gpus)
-glue("llama_batch", llama_job["global_batch"])
-glue("llama_seq", llama_job["seq"], ",")
-glue("llama_heads", llama_config.n_heads)
-glue("llama_kv_heads", llama_config.n_kv_heads)
-glue("llama_params_b", count_parameters(llama_config)["total"] / 1e9, ".0f")
 llama = search("Llama-3-8B", llama_gpus, gpu_gb, **llama_job, recompute=(None, "full"))
 print(llama.summary())
 fastest = {}
@@ -615,6 +627,14 @@ for r in (None, "full"):
     print(table(fitting, 5))
 slower = fastest["full"].step_time_s / fastest[None].step_time_s - 1
 print(f"\nthe fastest with full recompute is {100 * slower:.0f} % slower than without")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("llama_gpus", llama_gpus)
+glue("llama_batch", llama_job["global_batch"])
+glue("llama_seq", llama_job["seq"], ",")
+glue("llama_heads", llama_config.n_heads)
+glue("llama_kv_heads", llama_config.n_kv_heads)
+glue("llama_params_b", count_parameters(llama_config)["total"] / 1e9, ".0f")
 
 # %% [markdown]
 # Without recomputation the activations of a few
@@ -681,9 +701,11 @@ from parlab.viz.plots import traffic_3d_figure
 
 print(job.traffic_table())
 show(traffic_3d_figure(job))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("gpt3_d_model", GPT3_175B.d_model, ",")
 glue("best_stage_params_b", best.parameters_per_stage / 1e9, ".0f")
-_ = glue("best_gpu_params_b", best.parameters_per_gpu / 1e9, ".1f")
+glue("best_gpu_params_b", best.parameters_per_gpu / 1e9, ".1f")
 
 # %% [markdown]
 # The tensor groups send the most *messages* (four all-reduces per block and micro-batch)
@@ -713,7 +735,9 @@ for batch in (1, 8, 32):
     serving = memory.serving_bytes("GPT-3 175B", batch=batch, seq=GPT3_175B.context)
     print(f"{serving}: at least {serving.gpus(gpu_gb)} GPUs of {gpu_gb} GB")
 weights = memory.serving_bytes("GPT-3 175B", seq=GPT3_175B.context).weights
-_ = glue("serve_weights_x", weights / (gpu_gb * GB), ".1f")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("serve_weights_x", weights / (gpu_gb * GB), ".1f")
 
 # %% [markdown]
 # The weights alone are <span data-glue="serve_weights_x">4.4</span> times an

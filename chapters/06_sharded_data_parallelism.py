@@ -46,10 +46,14 @@ import torch
 from parlab import sharded
 from parlab.launch import preload
 from parlab.memory import model_state_bytes
-from parlab.viz import glue, show
+from parlab.viz import show
 
 _ = preload("torch.optim", "torch.distributed.fsdp")   # import once, not in every rank
 per_parameter = model_state_bytes(1, "adam", "bf16")   # the bytes of one parameter
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
 glue("bf16_weight", per_parameter.parameters)
 glue("bf16_gradient", per_parameter.gradients)
 glue("bf16_k", per_parameter.master_weights + per_parameter.optimizer_state)
@@ -109,12 +113,14 @@ for stage in range(4):
 
 # %%
 layer, world = torch.nn.Linear(3, 3), 5
-glue("pad_ranks", world)
 for rank in range(world):
     shard = sharded.FlatShard(layer, rank=rank, world_size=world, own_shard=True)
     print(f"rank {rank}: elements {rank * shard.shard_numel:2d} to "
           f"{(rank + 1) * shard.shard_numel - 1:2d}, of which real: {shard.values().numel()}")
 print(f"{shard.numel} parameters padded to {shard.padded}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("pad_ranks", world)
 
 # %% [markdown]
 # ## 3. ZeRO stages 0 to 3 on real ranks
@@ -141,8 +147,7 @@ print(f"{shard.numel} parameters padded to {shard.padded}")
 # the toy backend (gloo underneath, every message logged), then PyTorch's FSDP2 on the same
 # problem, and checks each run three ways. This is the one slow cell of the chapter.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 from parlab.experiments import stage_table
 
 problem, world_sizes = sharded.ZeroSpec(), (2, 4)
@@ -157,6 +162,8 @@ table = stage_table(world_sizes=world_sizes, spec=problem, progress=True)
 # %%
 print(table[["run", "ranks", "max difference"]].to_string(index=False,
       formatters={"max difference": lambda v: "< 1e-6" if v < 1e-6 else f"{v:.1e}"}))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("stage_ranks", " and ".join(str(n) for n in world_sizes))
 glue("mlp_layers", len(problem.sizes) - 1)
 glue("mlp_sizes", " → ".join(str(n) for n in problem.sizes))
@@ -167,7 +174,7 @@ glue("mlp_samples", problem.samples)
 # All of them agree to float rounding. That is no accident: Adam (and SGD) act on each
 # number separately, so updating each slice with the average gradient of that slice is the
 # same arithmetic as updating the whole tensor; only the order in which the ranks' gradients
-# are added differs. The tests check every stage on gloo and on the toy backend.
+# are added differs. Every stage agrees the same way on gloo as on the toy backend.
 #
 # ## 4. What each rank holds
 #
@@ -181,10 +188,12 @@ from parlab.viz.plots import zero_memory_figure
 
 print(f"{problem.parameters:,} parameters, {4 * problem.parameters:,} bytes in fp32")
 fp32 = model_state_bytes(1, "adam", "fp32")
-glue("fp32_k", fp32.master_weights + fp32.optimizer_state)
 print(table[["run", "ranks", "parameters", "gradients", "optimizer_state", "held",
              "formula"]].to_string(index=False))
 show(zero_memory_figure(table))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("fp32_k", fp32.master_weights + fp32.optimizer_state)
 
 # %% [markdown]
 # Every rank held exactly what the formula says, at every stage (black ticks). The layer
@@ -210,6 +219,8 @@ from parlab.viz.plots import zero3_timeline_figure, zero_traffic_figure
 print(table[["run", "ranks", "sent per step", "closed form"]].to_string(index=False))
 show(zero_traffic_figure(table))
 sent = {(r.run, r.ranks): r["sent per step"] for _, r in table.iterrows()}
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("zero3_ratio", sent[("ZeRO-3", 4)] / sent[("ZeRO-0", 4)], ".2f")
 
 # %% [markdown]
@@ -227,7 +238,9 @@ spec, timeline_ranks = sharded.ZeroSpec(steps=1), 2
 one_step = sharded.train_zero(3, timeline_ranks, spec, backend="toy").collectives()
 print(one_step.to_string(index=False))
 show(zero3_timeline_figure(one_step, len(spec.sizes) - 1))
-_ = glue("timeline_ranks", timeline_ranks)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("timeline_ranks", timeline_ranks)
 
 # %% [markdown]
 # The forward pass gathers the layers in order, first to last. The backward pass starts from
@@ -268,10 +281,6 @@ print(table[table.stage == 3][["run", "ranks", "max difference", "held", "sent p
 from parlab.viz.plots import zero_scaling_figure
 
 gbps = 400
-glue("scaling_gbps", gbps)
-glue("global_sequences", sharded.GLOBAL_BATCH[0], ",")
-glue("global_seq_tokens", sharded.GLOBAL_BATCH[1], ",")
-glue("global_tokens_m", sharded.GLOBAL_TOKENS / 1e6, ".1f")
 scaling = sharded.zero_scaling(7.5e9, gbps=gbps)
 print(scaling[scaling.gpus.isin([8, 64, 1024])].round(3).to_string(index=False))
 fine = sharded.zero_scaling(7.5e9, gpus=range(8, 2049, 8), gbps=gbps)
@@ -280,7 +289,13 @@ for stage, rows in fine.groupby("stage"):
     print(f"stage {stage}: sending outlasts computing from {slower.min()} GPUs on")
 show(zero_scaling_figure(scaling, 7.5e9))
 sent_gb = scaling.pivot(index="gpus", columns="stage", values="GB sent per GPU")
-_ = glue("scaling_zero3_ratio", (sent_gb[3] / sent_gb[0]).max(), ".1f")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("scaling_gbps", gbps)
+glue("global_sequences", sharded.GLOBAL_BATCH[0], ",")
+glue("global_seq_tokens", sharded.GLOBAL_BATCH[1], ",")
+glue("global_tokens_m", sharded.GLOBAL_TOKENS / 1e6, ".1f")
+glue("scaling_zero3_ratio", (sent_gb[3] / sent_gb[0]).max(), ".1f")
 
 # %% [markdown]
 # * Stages 1 and 2 level off: the parts they do not split (bf16 parameters, and for stage 1
@@ -348,6 +363,8 @@ print(f"selective: extra FLOPs {runs['selective'].flops - runs[None].flops:,} = 
 none, selective = runs[None], runs["selective"]
 print(f"selective: kept {none.activations - selective.activations:,} B less, "
       f"peak {none.peak - selective.peak:,} B lower")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("tiny_blocks", tiny.n_layers)
 glue("tiny_batch", b)
 glue("tiny_tokens", t)
@@ -358,7 +375,7 @@ glue("sel_rebuilt", selective.recomputed, ",")
 glue("sel_held_none", none.held, ",")
 glue("sel_held", selective.held, ",")
 glue("sel_peak_none", none.peak, ",")
-_ = glue("sel_peak", selective.peak, ",")
+glue("sel_peak", selective.peak, ",")
 
 # %% [markdown]
 # With full recomputation each block keeps only its input; during backward one block at a
@@ -394,11 +411,13 @@ _ = glue("sel_peak", selective.peak, ",")
 
 # %%
 big, big_tokens = get_config("GPT-3 6.7B"), 2048
-glue("big_tokens", big_tokens, ",")
 for r in (None, "selective", "full"):
     act = estimate(big, (1, big_tokens), "adam", "bf16", recompute=r).activations
     extra = recompute_flops(big, big_tokens, recompute=r).fraction
     print(f"recompute={str(r):9s} activations {act / 1e9:6.2f} GB, extra compute {100 * extra:5.1f} %")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("big_tokens", big_tokens, ",")
 
 # %% [markdown]
 # ## 9. ZeRO inside 3D parallelism
@@ -412,10 +431,12 @@ for r in (None, "selective", "full"):
 from parlab.hybrid import plan
 
 plan_gpus = 1024
-glue("plan_gpus", plan_gpus, ",")
 for stage in range(4):
     layouts = plan("GPT-3 175B", plan_gpus, zero=stage)
     print(f"stage {stage}: {len(layouts):2d} layouts fit; fastest: {str(layouts[0]).strip()}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("plan_gpus", plan_gpus, ",")
 
 # %% [markdown]
 # With the model states sharded, layouts with fewer pipeline stages and more replicas fit,

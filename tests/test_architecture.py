@@ -34,7 +34,7 @@ STRATEGIES = ("data_parallel", "sharded", "pipeline", "tensor_parallel", "contex
               "expert_parallel")
 #: Bottom up; a subpackage may import the layers listed before it, and itself. A tuple is one
 #: layer of siblings.
-LAYERS = [("units", "checks", "hardware"), "launch", "comm", "models", "memory", STRATEGIES, "hybrid", "viz", "experiments",
+LAYERS = [("units", "checks", "hardware", "progress"), "launch", "comm", "models", "memory", STRATEGIES, "hybrid", "viz", "experiments",
           "exercises"]
 #: Functions that start ranks (``parlab.launch.run`` or ``parlab.comm.run_with_traffic``, directly
 #: or through one another), by name: ``viz`` imports none of them. The chapters' experiments are
@@ -59,7 +59,7 @@ DRAWING_HELPERS = frozenset({"action_code", "Action", "gpu_name", "replica_names
 #: The maintainers' command-line tools: they may import anything, and nothing imports them.
 TOOLS = {"tools"}
 #: The bottom layer: plain modules at the top of the package, importing nothing of parlab.
-BOTTOM = {"units", "checks", "hardware"}
+BOTTOM = {"units", "checks", "hardware", "progress"}
 TOP_LEVEL = {"__init__"} | BOTTOM
 MAX_LINES = 400
 

@@ -4,8 +4,13 @@ A *quantity* is a number with a unit (B, GB, %, x, s, hours, GPUs, steps, messag
 in a markdown cell, outside a glue span (``<span data-glue="name">...</span>``), code and
 maths. The test fails on any such quantity unless its sentence attributes it to a source
 (the book, a paper, the slides, a datasheet, a default), it is an exercise's given, or it
-is one of the few listed below with the reason it stays typed. The glued values themselves
-are checked against their records by ``tests/test_site.py`` and nbval.
+is one of the few listed below with the reason it stays typed.
+
+To glue a number: in the hidden glue cell right after the reader's cell that computes it
+(``# %% tags=["remove-cell"] jupyter={"source_hidden": true, "outputs_hidden": true}``,
+never the reader's own cell), call ``glue("name", value, fmt)``, and write
+``<span data-glue="name">text</span>`` in the prose (see :mod:`parlab.viz.glue`). The glued
+values themselves are checked against their records by ``tests/test_site.py`` and nbval.
 """
 
 from __future__ import annotations

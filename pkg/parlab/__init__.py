@@ -4,7 +4,7 @@ The subpackages, bottom up (each imports only those before it): ``launch`` (star
 ``comm`` (the toy backend, traffic, collective costs, topology, the rank mesh), ``models``,
 ``memory``, ``data_parallel``, ``pipeline``, ``tensor_parallel``, ``hybrid``, ``viz`` (draws
 only) and ``exercises``. ``book`` and ``figures`` are the maintainers' command-line tools;
-``units`` formats bytes for every printed number.
+``units`` formats bytes for every printed number; ``progress`` draws progress bars.
 """
 
 __version__ = "0.1.0"

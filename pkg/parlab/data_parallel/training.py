@@ -238,9 +238,8 @@ def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: st
     that advances per segment. ``start`` resumes from a checkpoint (see
     :func:`latest_checkpoint`); other options go to :func:`train_rank`.
     """
-    from tqdm.auto import tqdm
-
     from parlab.launch import run as launch
+    from parlab.progress import progress_bar
 
     _check_engine(engine, options.get("fail_at"), options.get("lose_at"))
     first = start["step"] if start else 0
@@ -248,8 +247,8 @@ def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: st
     stops = sorted({first + round((spec.steps - first) * (s + 1) / segments)
                     for s in range(segments)})
     runs, done = None, first
-    bar = tqdm(total=spec.steps - first, unit="step", desc=f"{world_size} rank(s), {backend}") \
-        if progress else None
+    bar = progress_bar(total=spec.steps - first, unit="step",
+                       desc=f"{world_size} rank(s), {backend}") if progress else None
     for stop in stops:
         part = launch(train_rank, world_size, spec, engine=engine, start=start, stop=stop,
                       backend=backend, timeout=timeout, **options)

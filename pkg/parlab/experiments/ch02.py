@@ -76,7 +76,7 @@ class BookRun:
         return replica_names(len(self.ranks))
 
     def max_difference(self) -> float:
-        """Largest |weight of any replica - weight of the single process|."""
+        """Largest ``|weight of any replica - weight of the single process|``."""
         return max(float((w - r).abs().max()) for run in self.ranks
                    for w, r in zip(run["weights"], self.reference))
 

@@ -51,13 +51,14 @@ def stage_table(world_sizes=(2, 4), spec: ZeroSpec = ZeroSpec(), *, fsdp: bool =
     per step and the closed form. ``progress`` shows a tqdm bar.
     """
     import pandas as pd
-    from tqdm.auto import tqdm
+
+    from parlab.progress import progress_bar
 
     ref = zero_reference(spec)
     jobs = [(f"ZeRO-{stage}", n, stage) for n in world_sizes for stage in range(4)]
     jobs += [("FSDP2", n, 3) for n in world_sizes] if fsdp else []
     rows = []
-    for name, n, stage in tqdm(jobs, desc="runs", unit="run", disable=not progress):
+    for name, n, stage in progress_bar(jobs, desc="runs", unit="run", disable=not progress):
         run = (train_fsdp(n, spec, backend="toy") if name == "FSDP2"
                else train_zero(stage, n, spec, backend="toy"))
         rows.append(_row(name, run, ref))

@@ -202,7 +202,8 @@ class Execution:
 
     @property
     def max_grad_error(self) -> float:
-        """Largest |pipeline gradient - single-process gradient| over all weights and biases."""
+        """Largest ``|pipeline gradient - single-process gradient|`` over all weights and
+        biases."""
         return max_difference(self.grads, self.reference_grads)
 
     def gradient_table(self) -> str:
@@ -220,7 +221,7 @@ class Execution:
 
     @property
     def max_update_error(self) -> float:
-        """Largest |weight after the ranks' SGD step - weight after one process's step|."""
+        """Largest ``|weight after the ranks' SGD step - weight after one process's step|``."""
         if self.updated is None:
             raise ValueError("no weight update: run execute(..., lr=...)")
         return max_difference(self.updated, self.reference_updated)

@@ -71,7 +71,7 @@ class TorchRun:
     loss: float
 
     def difference(self, execution) -> float:
-        """Largest |PyTorch gradient - our executor's gradient| (an :class:`Execution`)."""
+        """Largest ``|PyTorch gradient - our executor's gradient|`` (an :class:`Execution`)."""
         return max_difference(self.grads, execution.grads)
 
     def forward_microbatches(self, rank: int) -> list:

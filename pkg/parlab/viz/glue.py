@@ -1,11 +1,16 @@
 """Numbers in a chapter's prose that come from the code: ``glue`` and the ``<span data-glue>``.
 
 A markdown cell cannot run code, so a number in prose is typed by hand and can drift from
-what the code computes. Three pieces keep it honest:
+what the code computes. Three pieces keep it honest, none of them in what a reader reads:
 
-1. a code cell calls ``glue("ring_bytes", sent, ",")``: it records the formatted value as
-   an output in the format of MyST-NB's ``glue`` (a ``scrapbook`` record, hidden from
-   readers), so nbval re-checks it on every run like any other output;
+1. a *hidden glue cell* calls ``glue("ring_bytes", sent, ",")``: it records the formatted
+   value as an output in the format of MyST-NB's ``glue`` (a ``scrapbook`` record), so nbval
+   re-checks it on every run like any other output. The glue calls sit in their own cell
+   right after the reader's cell that computed the values, tagged
+   ``# %% tags=["remove-cell"] jupyter={"source_hidden": true, "outputs_hidden": true}``:
+   the book site removes it and JupyterLab shows it collapsed. It holds nothing but glue
+   calls (and the assignment of a helper value they need); ``tests/test_site.py`` checks
+   that, and that no reader's cell calls ``glue``;
 2. the prose writes the same text inside ``<span data-glue="ring_bytes">96</span>``, which
    JupyterLab shows as plain text;
 3. ``parlab.tools.site`` fails when a span's text differs from its record, and the book site
@@ -21,10 +26,11 @@ __all__ = ["glue", "GLUE_PREFIX"]
 GLUE_PREFIX = "application/papermill.record/"
 
 
-def glue(name: str, value, fmt: str = "") -> str:
-    """Record ``format(value, fmt)`` under ``name`` for the prose; return that text.
+def glue(name: str, value, fmt: str = "") -> None:
+    """Record ``format(value, fmt)`` under ``name`` for the prose.
 
-    The output carries an empty ``text/plain`` too, so JupyterLab shows an empty line rather
+    Returns None, so a glue cell shows no value even when a glue call is its last line. The
+    output carries an empty ``text/plain`` too, so JupyterLab shows an empty line rather
     than a "no renderer" note.
     """
     from IPython.display import display
@@ -35,4 +41,3 @@ def glue(name: str, value, fmt: str = "") -> str:
     # quoted: MyST-NB reads the record with ast.literal_eval, which would make "1,024" a tuple
     display({"text/plain": "", GLUE_PREFIX + "text/plain": repr(text)}, raw=True,
             metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
-    return text

@@ -27,15 +27,18 @@ def show(fig, caption: str | None = None) -> None:
 
     A cell that ends with a Figure object shows it twice under nbval (which runs cells
     without history, so a trailing ``;`` does not hide the return value). Displaying
-    explicitly and closing avoids that everywhere. ``caption`` (by default the figure's
-    title, :func:`figure_title`) travels in the output's metadata; the book site prints it
-    under the figure.
+    explicitly and closing avoids that everywhere. The figure's title (:func:`figure_title`)
+    and ``caption`` travel in the output's metadata: the book site uses the title as the
+    image's alternative text and prints a caption under the figure only where one is given
+    that says more than the title drawn in the image.
     """
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    caption = caption if caption is not None else figure_title(fig)
-    display(fig, metadata={"parlab": {"caption": caption}} if caption else None)
+    meta = {"title": figure_title(fig)} if figure_title(fig) else {}
+    if caption:
+        meta["caption"] = caption
+    display(fig, metadata={"parlab": meta} if meta else None)
     plt.close(fig)
 
 
