@@ -28,7 +28,7 @@ from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_bac
 from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import rank_main
 from parlab.launch.result import Run
-from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe, is_warm,
+from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe, is_started,
                                   warm)
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
@@ -86,7 +86,7 @@ _DIRECT_SEED = random.SystemRandom().getrandbits(63)
 
 def _run_local(payload, world_size, backend, timeout, threads):
     started = time.monotonic()
-    direct = not is_warm() and direct_fork_safe(backend, threads)
+    direct = not is_started() and direct_fork_safe(backend, threads)
     if not direct:
         warm()  # the ranks come from the server: start it now, if nothing did yet
     workdir = make_workdir()

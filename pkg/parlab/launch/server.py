@@ -12,10 +12,12 @@ preparation data of multiprocessing minus the main module (loky/joblib do the sa
 Why the first launch does not wait for the server: the server is a new Python process that
 imports torch (and ``torch._dynamo``, parlab, ...) before it can fork anything, which takes
 longer than the caller's own ``import torch``. So the server warms in the background (in a
-notebook kernel, as soon as the cell that imported :mod:`parlab.launch` has run; elsewhere, at
-the first launch), and until it is warm a launch forks its ranks straight from the caller
-(:func:`direct_fork_safe` says when that is as safe as the server: Linux, no CUDA in the
-caller, one thread per rank). ``rank_main`` then resets what a rank could inherit from the
+notebook kernel, as soon as the cell that imported :mod:`parlab.launch` has run; elsewhere,
+after the first launch), and that first launch, in a process where nothing started the
+server yet, forks its ranks straight from the caller (:func:`direct_fork_safe` says when that
+is as safe as the server: Linux, no CUDA in the caller, one thread per rank). Later launches
+wait for the server rather than fork directly again: ranks forked from the caller import
+lazily what the server preloads (``torch._dynamo``, seconds, in every rank). ``rank_main`` then resets what a rank could inherit from the
 caller (the random seed, the default dtype, grad mode), so both ways start a rank alike.
 """
 
@@ -35,7 +37,7 @@ try:
 except ImportError:  # no forkserver on this platform (Windows): parlab imports, run() cannot
     popen_forkserver = None
 
-__all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm",
+__all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm", "is_started",
            "direct_fork_safe", "warm_after_import_cell"]
 
 _forkserver_ready = False
@@ -141,6 +143,11 @@ def _stop_cold_server() -> None:
 def is_warm() -> bool:
     """True once the forkserver has preloaded torch and parlab and forks ranks in milliseconds."""
     return _warm.is_set()
+
+
+def is_started() -> bool:
+    """True once :func:`warm` has started the server (warm or still importing)."""
+    return bool(_warming)
 
 
 def direct_fork_safe(backend: str, threads: int) -> bool:
