@@ -243,7 +243,7 @@ glue("tensor_bytes", tensor_bytes)
 results, ring = run_with_traffic(sum_gradients, ranks, values, algorithm="ring")
 print("results:", results)
 print(ring.to_pandas().head(8).to_string(index=False))
-print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
+print(f"... {len(ring)} messages, {ring.total_bytes()} bytes in all")
 
 # %% [markdown]
 # The same log as tables: per rank, and per step.
