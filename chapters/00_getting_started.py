@@ -244,7 +244,7 @@ tensor_bytes = torch.empty(values).nbytes  # float32
 results, ring = run_with_traffic(sum_gradients, ranks, values, algorithm="ring")
 print("results:", results)
 print(ring.to_pandas().head(8).to_string(index=False))
-print(f"... {len(ring)} messages, {ring.total_bytes} bytes in all")
+print(f"... {len(ring)} messages, {ring.total_bytes()} bytes in all")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 glue("tensor_values", values)

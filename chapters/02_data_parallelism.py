@@ -407,8 +407,8 @@ def forward_then_backward(with_backward):
 
 _, forward_log = run_with_traffic(forward_then_backward, 2, False)
 _, step_log = run_with_traffic(forward_then_backward, 2, True)
-print(f"forward pass only:        {len(forward_log)} messages, {forward_log.total_bytes} bytes")
-print(f"forward + backward + sync: {len(step_log)} messages, {step_log.total_bytes} bytes")
+print(f"forward pass only:        {len(forward_log)} messages, {forward_log.total_bytes()} bytes")
+print(f"forward + backward + sync: {len(step_log)} messages, {step_log.total_bytes()} bytes")
 
 # %% [markdown]
 # Now the bucketed synchronization of Figure 8-2's model, counted per GPU and step.

@@ -260,3 +260,44 @@ def test_executor_inputs_are_checked_before_any_rank_starts():
         torch_pipelining(microbatches=0)
     with pytest.raises(ValueError, match="replicas must be a positive integer"):
         pipeline_data_parallel(schedule("gpipe", 2, 2), replicas=0)
+
+
+# --------------------------------------------------------------------------- memory (issue 27)
+
+def _small_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def test_estimate_takes_a_pytorch_loss_module():
+    """nn.CrossEntropyLoss() takes (output, target): the estimate makes up the target (class
+    indices), so what a reader writes for training works here too."""
+    from parlab.memory import estimate
+    model = _small_model()
+    plain = estimate(model, (32, 8), loss_fn=lambda output, x: output.sum())  # saves nothing
+    cross = estimate(model, (32, 8), loss_fn=torch.nn.CrossEntropyLoss())
+    mse = estimate(model, (32, 8), loss_fn=torch.nn.MSELoss())
+    # by hand, for the fp32 (32, 4) output: cross-entropy saves its log-softmax (32 x 4 x 4 B),
+    # the class-index target (32 x 8 B, int64) and nll_loss's total weight (4 B); MSE saves
+    # the output and its target (2 x 32 x 4 x 4 B)
+    assert cross.total - plain.total == 32 * 4 * 4 + 32 * 8 + 4
+    assert mse.total - plain.total == 2 * 32 * 4 * 4
+
+
+@pytest.mark.parametrize("loss_fn,message", [
+    (lambda output: output.sum(),
+     r"loss_fn=<function .*> failed on the model's output \(a torch.float32 tensor of shape "
+     r"\(32, 4\)\) and inputs \(a torch.float32 tensor of shape \(32, 8\)\): TypeError: .* "
+     r"\(loss_fn is called as loss_fn\(output, \*inputs\) and must return a scalar tensor\)"),
+    (lambda output, x: output,
+     r"loss_fn must return a scalar tensor .* it returned \(a torch.float32 tensor of shape \(32, 4\)\)"),
+])
+def test_estimate_says_how_loss_fn_is_called(loss_fn, message):
+    from parlab.memory import estimate
+    with pytest.raises(ValueError, match=message):
+        estimate(_small_model(), (32, 8), loss_fn=loss_fn)
+
+
+def test_gpu_count_in_words_is_singular_for_one():
+    from parlab.memory import min_gpus
+    text = str(min_gpus(_small_model(), (32, 8)))
+    assert text.startswith("at least 1 GPU (") and "1 GPUs" not in text

@@ -247,7 +247,7 @@ def test_data_parallel_forward_sends_nothing_and_the_sync_sends_the_gradients():
     _, step = run_with_traffic(_forward_then_backward, 2, True)
     assert len(forward) == 0
     gradient_bytes = 4 * (4 * 8 + 8 + 8 * 2 + 2)  # float32 weights and biases of both layers
-    assert step.total_bytes == 2 * gradient_bytes  # ring on 2 ranks: each sends its gradient
+    assert step.total_bytes() == 2 * gradient_bytes  # ring on 2 ranks: each sends its gradient
 
 
 @pytest.mark.parametrize("n", [8, 16])

@@ -17,7 +17,8 @@ from parlab.models import BookMLP
 from parlab.comm import run_with_traffic
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (run on the project's device machine)")
+                                reason="needs a CUDA GPU (checks NCCL and CUDA tensors; on a CPU-only machine"
+                                       " all 4 are skipped)")
 
 
 def _nccl_all_reduce():

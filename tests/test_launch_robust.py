@@ -110,7 +110,9 @@ def test_stale_torchrun_variables_launch_locally_and_warn(monkeypatch):
     with pytest.warns(RuntimeWarning, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set") as seen:
         results = run(_environment_seen, 4, timeout=5)
     assert time.monotonic() - start < 15  # not minutes of waiting for a job that never comes
-    assert results == [(4, None, None)] * 4  # four local ranks, none sees the stale address
+    # four local ranks; each sees its launch's own address (as a torchrun worker sees its
+    # job's), not the stale one
+    assert results == [(4, "127.0.0.1", None)] * 4
     assert "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT" in str(seen[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once is enough
@@ -202,7 +204,7 @@ if __name__ == "__main__":
     out["backends"] = [run(where, 2, backend="toy"), run(where, 2, backend="gloo"), run(where, 2)]
     # one process serves every run: each run's traffic is its own, none on gloo
     again = [run(total, 2, backend="toy").traffic.filter(op="all_reduce") for _ in range(2)]
-    out["own traffic"] = [[len(log), log.total_bytes] for log in again]
+    out["own traffic"] = [[len(log), log.total_bytes()] for log in again]
     out["gloo traffic"] = run(total, 2, backend="gloo").traffic is None
     out["default"] = launch.default_backend(2)
     for bad in (3, 1):

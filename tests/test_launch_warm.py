@@ -22,7 +22,7 @@ PKG = str(Path(parlab.__file__).resolve().parents[1])
 
 def _python(code: str, timeout=120) -> str:
     env = {**os.environ, "PYTHONPATH": PKG}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "PARLAB_RANK"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
                          capture_output=True, timeout=timeout)
@@ -110,15 +110,10 @@ def test_a_kernel_warms_after_the_import_cell(monkeypatch):
     assert started == [1] and shell.events.callbacks == []  # once
 
 
-@pytest.mark.parametrize("where", ["terminal IPython", "torchrun", "rank"])
+@pytest.mark.parametrize("where", ["terminal IPython", "torchrun or a rank"])
 def test_no_warming_outside_a_notebook_kernel(monkeypatch, where):
-    shell, started = _fake_kernel(monkeypatch, kernel=where != "terminal IPython")
-    if where == "torchrun":
-        from parlab.launch import torchrun
-        monkeypatch.setattr(torchrun, "under_torchrun", lambda: True)
-    if where == "rank":
-        monkeypatch.setenv("PARLAB_RANK", "0")
-    assert not server.warm_after_import_cell()
+    shell, started = _fake_kernel(monkeypatch, kernel=where == "torchrun or a rank")
+    assert not server.warm_after_import_cell(launches_here=where == "terminal IPython")
     assert shell.events.callbacks == [] and started == []
 
 

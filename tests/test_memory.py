@@ -150,7 +150,7 @@ def test_chapter_figures_and_calculator_widget_draw(tmp_path, capsys):
     paths = figures.render(names, tmp_path, progress=False)
     assert all(p.stat().st_size > 5000 for p in paths)
     fig = draw_memory("GPT-2 small", "bf16", "adam", 8, 1024, 80, 2, 2)
-    assert fig is not None and "at least 1 GPUs" in capsys.readouterr().out
+    assert fig is not None and "at least 1 GPU (" in capsys.readouterr().out
     assert draw_memory("GPT-2 XL", "fp32", "adam", 8, 1024, 80, 8, 1) is None
     assert "tp=8 must divide n_heads=25" in capsys.readouterr().out
 

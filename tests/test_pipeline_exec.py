@@ -236,4 +236,4 @@ def test_toy_backend_traffic_per_step_is_the_chapters_communication_list():
     assert run.matches_simulation and run.max_grad_error < TOLERANCE
     assert run.traffic_matches  # step by step: same (src, dst) pairs, 2 samples x 4 floats each
     assert [len(step) for step in run.traffic_by_step] == [1, 2, 3, 3, 3, 3, 3, 3, 2, 1, 0]
-    assert run.traffic.total_bytes == 24 * 2 * 4 * 4
+    assert run.traffic.total_bytes() == 24 * 2 * 4 * 4

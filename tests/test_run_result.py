@@ -32,7 +32,7 @@ def test_two_toy_runs_in_a_row_keep_their_own_traffic():
     for result, numel in ((small, 6), (large, 12)):
         sent = result.traffic.filter(op="all_reduce").per_rank()["sent"]
         assert list(sent) == [_ring_bytes_per_rank(numel, 3)] * 3  # 32 B, then 64 B
-    assert small.traffic.total_bytes == 96 and large.traffic.total_bytes == 192
+    assert small.traffic.total_bytes() == 96 and large.traffic.total_bytes() == 192
 
 
 def test_a_run_inside_a_callback_does_not_mix():
@@ -44,8 +44,8 @@ def test_a_run_inside_a_callback_does_not_mix():
     outer = run(_all_reduce, 2, 4, backend="toy")
     on_change(8)  # after the outer run, before anyone reads its traffic
     inner, inner_log = seen["inner"]
-    assert outer.traffic.filter(op="all_reduce").total_bytes == 2 * _ring_bytes_per_rank(4, 2)
-    assert inner_log.filter(op="all_reduce").total_bytes == 2 * _ring_bytes_per_rank(8, 2)
+    assert outer.traffic.filter(op="all_reduce").total_bytes() == 2 * _ring_bytes_per_rank(4, 2)
+    assert inner_log.filter(op="all_reduce").total_bytes() == 2 * _ring_bytes_per_rank(8, 2)
     assert inner.traffic is inner_log and isinstance(inner_log, TrafficLog)
 
 

@@ -89,10 +89,10 @@ class TrafficLog:
         return len(self.records)
 
     def __repr__(self) -> str:
-        return f"TrafficLog({len(self.records)} transfers, {self.total_bytes:,} bytes)"
+        return f"TrafficLog({len(self.records)} transfers, {self.total_bytes():,} bytes)"
 
-    @property
     def total_bytes(self) -> int:
+        """Bytes of every transfer in the log, added up."""
         return sum(rec.nbytes for rec in self.records)
 
     def filter(self, **fields) -> TrafficLog:

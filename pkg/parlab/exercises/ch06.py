@@ -101,9 +101,9 @@ def _halves(answer):
             return wrong(f"On {world_size} ranks the result differs from the sum by {error:.2g}. "
                          f"Each rank gets one reduced slice first; then everyone needs every slice.")
         ring = 2 * (world_size - 1) * 4 * 8 * world_size    # bytes of an all-reduce, all ranks
-        if log.total_bytes != ring:
+        if log.total_bytes() != ring:
             return wrong(f"The sum is right, but on {world_size} ranks the ranks sent "
-                         f"{log.total_bytes} bytes where a ring all-reduce sends {ring}. "
+                         f"{log.total_bytes()} bytes where a ring all-reduce sends {ring}. "
                          f"Use one reduce-scatter and one all-gather, nothing else.")
     return right("A reduce-scatter and an all-gather are the two halves of a ring all-reduce, "
                  "which is why ZeRO stages 1 and 2 cost no more traffic than plain data "

@@ -40,7 +40,7 @@ def draw_collective(collective: str = "all_gather", algorithm: str = "ring", ran
     print(f"{collective} ({algorithm}) on {ranks} ranks, {what}: {COLLECTIVES[collective]}")
     print(f"every rank's result is right: {all(results)}")
     print(f"{plural(steps, 'step')}, {plural(len(log), 'message')}, "
-          f"{format_bytes(log.total_bytes)} in all; the busiest rank sends "
+          f"{format_bytes(log.total_bytes())} in all; the busiest rank sends "
           f"{format_bytes(sent.max())} ({sent.max() / unit:.2f} x {unit} B), "
           f"the idlest {format_bytes(sent.min())}")
     return steps_figure(log, n=ranks, columns=min(steps, 5),

@@ -114,7 +114,7 @@ class Comparison:
 
     def total_bytes(self) -> dict:
         """``{phase: bytes}`` over every transfer."""
-        return {phase: log.total_bytes for phase, log in (self.traffic or {}).items()}
+        return {phase: log.total_bytes() for phase, log in (self.traffic or {}).items()}
 
     def summary(self, atol: float = 1e-5) -> str:
         """One line: does every compared tensor equal the single-device one?"""

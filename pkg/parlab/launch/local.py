@@ -15,10 +15,13 @@ code change.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import random
 import signal
+import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -26,10 +29,11 @@ import cloudpickle
 
 from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_backend
 from parlab.launch.errors import RankError, RankTimeoutError
-from parlab.launch.rank import rank_main
+from parlab.launch.rank import in_rank, rank_main
 from parlab.launch.result import Run
 from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe, is_started,
-                                  warm)
+                                  warm, warm_after_import_cell)
+from parlab.launch.sources import code_origins, for_the_reader
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
 
@@ -61,13 +65,18 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
     ``ValueError`` for arguments that cannot work (before any rank starts). Each rank's
     printed output is shown as ``[rank r] ...`` in rank order after the ranks finish.
     """
-    if "PARLAB_RANK" in os.environ:
-        raise RuntimeError("parlab.launch.run was called inside a rank; call it from the notebook")
+    __tracebackhide__ = True  # IPython shows the reader's cell, not the launcher's frames
+    if in_rank():
+        raise RuntimeError("parlab.launch.run was called inside a rank (in fn); call it from the "
+                           "notebook or script, or from a process that fn starts")
     if under_torchrun():
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
         backend = check_arguments(fn, world_size, backend or default_backend(local), timeout,
                                   threads, check_local_gpus=False)
-        return run_under_torchrun(fn, world_size, backend, float(timeout), args, kwargs)
+        try:
+            return run_under_torchrun(fn, world_size, backend, float(timeout), args, kwargs)
+        except RankError as error:
+            raise error.with_traceback(None)  # the rank's traceback is in the message
     backend = check_arguments(fn, world_size, backend, timeout, threads)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs))
@@ -77,14 +86,21 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
     warn_stale_environment(world_size)
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
-    return _run_local(payload, world_size, backend, float(timeout), threads)
+    try:
+        return _run_local(payload, world_size, backend, float(timeout), threads, code_origins(fn))
+    except RankError as error:  # the launcher's own frames would tell a reader nothing
+        raise error.with_traceback(None)  # the rank's traceback is in the message
 
+
+# in a notebook kernel the server warms once the import cell has run
+warm_after_import_cell(launches_here=not (under_torchrun() or in_rank()))
 
 #: The torch seed of ranks forked from this process (random, like the server's, and shared).
 _DIRECT_SEED = random.SystemRandom().getrandbits(63)
 
 
-def _run_local(payload, world_size, backend, timeout, threads):
+def _run_local(payload, world_size, backend, timeout, threads, origins=None):
+    __tracebackhide__ = True
     started = time.monotonic()
     direct = not is_started() and direct_fork_safe(backend, threads)
     if not direct:
@@ -93,16 +109,20 @@ def _run_local(payload, world_size, backend, timeout, threads):
     alive_recv, alive_send = mpc.Pipe(duplex=False)
     procs, conns = [], []
     outputs: list[str] = []
+    job = {"master_port": _free_port(), "main_path": _main_path(), "origins": origins or {},
+           "start_method": mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]}
     try:
         for rank in range(world_size):
             recv, send = mpc.Pipe(duplex=False)
             # a rank forked from this process must close the ends that stay here
             inherited = ({"inherited": [alive_send] + conns + [recv], "seed": _DIRECT_SEED}
                          if direct else {})
+            # not daemonic: a rank may start processes of its own (a Pool, DataLoader workers),
+            # which multiprocessing refuses to a daemon; _stop below still ends every rank
             proc = (ForkedRankProcess if direct else RankProcess)(
-                target=rank_main, name=f"parlab-rank-{rank}", daemon=True,
+                target=rank_main, name=f"parlab-rank-{rank}", daemon=False,
                 args=(rank, world_size, backend, os.path.join(workdir, "store"), timeout, threads,
-                      payload, send, alive_recv, os.path.join(workdir, f"rank{rank}.out")),
+                      payload, send, alive_recv, os.path.join(workdir, f"rank{rank}.out"), job),
                 kwargs=inherited,
             )
             proc.start()  # from the server: the first start waits for it to import torch
@@ -126,6 +146,21 @@ def _run_local(payload, world_size, backend, timeout, threads):
                seconds=time.monotonic() - started, outputs=outputs, extras=extras, spans=spans)
 
 
+def _free_port() -> int:
+    """A loopback port nobody listens on now: the ranks' MASTER_PORT, for a group that fn
+    makes itself from the environment (rank 0 then serves it, as under torchrun's default)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _main_path() -> str | None:
+    """The caller's script, if it is one (a child that a rank spawns imports it, as under
+    torchrun); None in a notebook, ``python -c`` or a heredoc."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return os.path.abspath(path) if path and os.path.isfile(path) else None
+
+
 #: After the first failure, how long to listen for others before naming the cause.
 _GRACE_S = 0.3
 #: Words of an error that a rank gets because *another* rank went away.
@@ -134,6 +169,7 @@ _PEER_WORDS = ("connection reset", "connection closed", "remote worker", "broken
 
 
 def _collect(procs, conns, deadline, timeout, workdir):
+    __tracebackhide__ = True
     world_size = len(procs)
     results: list[Any] = [None] * world_size
     extras: list[dict] = [{} for _ in range(world_size)]
@@ -193,12 +229,14 @@ def _collect(procs, conns, deadline, timeout, workdir):
 
 def _raise_failure(failures, world_size, workdir):
     """Name the root cause: a rank that died, else a real error, else a peer's lost connection."""
+    __tracebackhide__ = True
     def badness(failure):
         kind, _, _, text, _ = failure
         if kind == "died":
             return 0
         return 2 if any(w in str(text).lower() for w in _PEER_WORDS) else 1
     kind, rank, exc_type, text, tb = min(failures, key=badness)  # stable: earliest among equals
+    tb = for_the_reader(tb or "")
     outputs = read_outputs(workdir, world_size)
     others = sorted({f[1] for f in failures} - {rank})
     also = f"\n(rank(s) {others} failed after it, as a consequence)" if others else ""

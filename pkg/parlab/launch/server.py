@@ -165,20 +165,19 @@ def direct_fork_safe(backend: str, threads: int) -> bool:
             and not torch.cuda.is_initialized())
 
 
-def warm_after_import_cell() -> bool:
+def warm_after_import_cell(launches_here: bool = True) -> bool:
     """In a notebook kernel, start warming the server after the current cell has run.
 
     Only there: a reader imports parlab in the first cell and launches ranks soon after, so
     the server imports torch while the reader reads. Not in a plain script, a maintainers'
-    tool or a test process, where an import does not mean a launch will follow; not under
-    torchrun (its workers need no server) or inside a rank. Returns whether it registered.
+    tool or a test process, where an import does not mean a launch will follow; not where
+    ``launches_here`` is False (under torchrun, whose workers need no server, or inside a
+    rank: :mod:`parlab.launch.local` says). Returns whether it registered.
     """
-    from parlab.launch.torchrun import under_torchrun
-
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if (shell is None or getattr(shell, "kernel", None) is None or RankProcess is None
-            or "PARLAB_RANK" in os.environ or under_torchrun()):
+            or not launches_here):
         return False
 
     def after_cell(result=None):
@@ -262,5 +261,3 @@ if hasattr(os, "fork"):
 else:
     ForkedRankProcess = None
 
-
-warm_after_import_cell()  # a notebook kernel: the server warms once the import cell has run

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch.errors import RankError
+from parlab.launch.rank import in_rank
 from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.result import Run
 from parlab.launch.spans import recording
@@ -51,7 +52,7 @@ _group: dict = {"store": None, "pg": None, "key": None, "generation": 0}
 
 def under_torchrun() -> bool:
     """True in a process that torchrun started (not in a shell that merely has its variables)."""
-    if "PARLAB_RANK" in os.environ:
+    if in_rank():
         return False
     if any(not os.environ.get(name) for name in TORCHRUN_VARIABLES):
         return False
@@ -71,7 +72,7 @@ def _inherited_from_parent() -> bool:
 def warn_stale_environment(world_size: int) -> None:
     """Warn (once per set of names) that launcher variables are set but ignored."""
     names = tuple(n for n in _LAUNCHER_VARIABLES if n in os.environ)
-    if not names or "PARLAB_RANK" in os.environ or names in _warned:
+    if not names or in_rank() or names in _warned:
         return
     _warned.add(names)
     why = ("they were inherited from the parent process"
@@ -86,6 +87,7 @@ def warn_stale_environment(world_size: int) -> None:
 
 def run_under_torchrun(fn, world_size, backend, timeout, args, kwargs):
     """torchrun started the processes: join its job, run fn here, gather every rank's result."""
+    __tracebackhide__ = True
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(

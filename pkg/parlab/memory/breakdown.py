@@ -78,7 +78,8 @@ class Plan:
     ideal: int  # ceil(everything on one GPU / capacity): a lower bound no split can beat
 
     def __str__(self) -> str:
-        return (f"at least {self.gpus} GPUs (data {self.dp} x tensor {self.tp} x pipeline "
+        gpus = "1 GPU" if self.gpus == 1 else f"{self.gpus} GPUs"
+        return (f"at least {gpus} (data {self.dp} x tensor {self.tp} x pipeline "
                 f"{self.pp}); a perfect even split would need {self.ideal}")
 
 

@@ -89,6 +89,36 @@ def default_loss(output, *inputs) -> torch.Tensor:
     return loss
 
 
+#: PyTorch's losses whose target is a class index per sample (not a tensor like the output).
+_CLASS_TARGET = (nn.CrossEntropyLoss, nn.NLLLoss, nn.MultiMarginLoss, nn.MultiLabelMarginLoss)
+
+
+def as_loss(loss_fn):
+    """``loss_fn`` as the trace calls it, ``loss(output, *inputs)`` -> a scalar tensor.
+
+    None is :func:`default_loss`. A PyTorch loss module (``nn.CrossEntropyLoss()``,
+    ``nn.MSELoss()``) takes ``(output, target)``: the trace gives it a target of zeros of the
+    shape that loss expects (class indices for the classification losses; the output's shape
+    for the others); the values do not change what a step holds in memory.
+    """
+    if loss_fn is None:
+        return default_loss
+    if isinstance(loss_fn, nn.modules.loss._Loss):
+        def module_loss(output, *inputs):
+            if isinstance(loss_fn, _CLASS_TARGET):
+                shape = output.shape[:1] + output.shape[2:] if output.dim() > 1 else ()
+                target = torch.zeros(shape, dtype=torch.long, device=output.device)
+            else:
+                target = torch.zeros_like(output)
+            return loss_fn(output, target)
+        return module_loss
+    if not callable(loss_fn):
+        raise ValueError(f"loss_fn must be a function loss_fn(output, *inputs) that returns a "
+                         f"scalar tensor, or a PyTorch loss module such as "
+                         f"nn.CrossEntropyLoss(); got {loss_fn!r}")
+    return loss_fn
+
+
 def failure_message(model: nn.Module, inputs, error: BaseException, micro_batch=None) -> str:
     """One line: the module, the input shapes, and the first line of ``error``."""
     shapes = ", ".join(str(tuple(i.shape)) for i in inputs)
@@ -101,6 +131,27 @@ def failure_message(model: nn.Module, inputs, error: BaseException, micro_batch=
                  "output depends on values, such as .item() or nonzero(), cannot be traced)")
     return (f"{type(model).__name__}'s training step failed on input of shape {shapes}{micro}: "
             f"{text}")
+
+
+class _LossError(Exception):
+    """``loss_fn`` failed: the message says how it was called."""
+
+    def __init__(self, loss_fn, output, inputs, error):
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        first = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        module = isinstance(loss_fn, nn.modules.loss._Loss)
+        how = ("a PyTorch loss module is called as loss_fn(output, target), with a target of "
+               "zeros shaped as that loss expects" if module else
+               "loss_fn is called as loss_fn(output, *inputs) and must return a scalar tensor")
+        super().__init__(f"loss_fn={loss_fn!r} failed on the model's output "
+                         f"{_described(output)} and inputs "
+                         f"{', '.join(_described(i) for i in inputs)}: {first} ({how})")
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"(a {value.dtype} tensor of shape {tuple(value.shape)})"
+    return f"{type(value).__name__} {value!r}"[:80]
 
 
 # --- the trace -------------------------------------------------------------------------------
@@ -248,6 +299,7 @@ def trace_module(model: nn.Module, inputs, micro_batch: int, dtype: torch.dtype,
     def after(module, args, kwargs, output):
         stack.pop()
 
+    loss = as_loss(loss_fn)
     modes = {m: m.training for m in model.modules()}
     handles = [h for i, c in enumerate(children) for h in (
         c.register_forward_pre_hook(before(i), with_kwargs=True),
@@ -258,9 +310,22 @@ def trace_module(model: nn.Module, inputs, micro_batch: int, dtype: torch.dtype,
     quiet.setLevel(logging.CRITICAL)
     try:
         with mode, _Workspaces(), saved_tensors_hooks(pack, lambda t: t):
-            loss = (loss_fn or default_loss)(functional_call(model, state, args), *args)
+            output = functional_call(model, state, args)
+            try:
+                loss = loss(output, *args)
+            except Exception as error:  # the reader's loss: say how it is called
+                raise _LossError(loss_fn, output, args, error) from error
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise ValueError(f"loss_fn must return a scalar tensor (a 0-dim torch.Tensor) to call "
+                             f".backward() on; it returned {_described(loss)}")
         with mode:
             loss.backward()
+    except _LossError as error:
+        raise ValueError(str(error)) from error.__cause__
+    except ValueError as error:
+        if "loss_fn must return" in str(error):
+            raise
+        raise ValueError(failure_message(model, inputs, error, micro_batch)) from error
     except Exception as error:  # the module's own error, in one line
         raise ValueError(failure_message(model, inputs, error, micro_batch)) from error
     finally:

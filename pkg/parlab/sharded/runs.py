@@ -174,7 +174,7 @@ class ShardRun:
         """Bytes each rank sent per step, averaged over ranks and steps (needs the toy log)."""
         if self.log is None:
             raise ValueError("no traffic log: run with backend='toy'")
-        return self.log.total_bytes / self.world_size / self.spec.steps
+        return self.log.total_bytes() / self.world_size / self.spec.steps
 
     def collectives(self):
         """One row per collective of rank 0's first step: what, when, which layer, bytes sent."""
@@ -185,7 +185,7 @@ class ShardRun:
         per_step = len(events) // self.spec.steps
         rows = []
         for call, (op, phase, layer) in enumerate(events[:per_step]):
-            sent = self.log.filter(call=call).total_bytes // self.world_size
+            sent = self.log.filter(call=call).total_bytes() // self.world_size
             rows.append({"collective": op, "phase": phase, "layer": layer,
                          "bytes sent per rank": sent})
         return pd.DataFrame(rows)
