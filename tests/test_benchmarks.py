@@ -30,22 +30,41 @@ def test_the_benchmarks_are_found():
     assert SCRIPTS, f"no benchmarks/*.py under {REPO}"
 
 
+@pytest.fixture(scope="module")
+def quick_runs():
+    """{script name: finished process} of every script's --quick run, all started at once
+    (each mostly waits for its subprocesses and kernels: together they take the time of one)."""
+    env = dict(os.environ)
+    # the same parlab as the tests', before whatever PYTHONPATH already holds
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(parlab.__file__).resolve().parents[1])]
+        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    started = {s.name: subprocess.Popen([sys.executable, str(s), "--quick"], cwd=REPO, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+               for s in SCRIPTS if '"--quick"' in s.read_text()}
+    finished = {}
+    try:
+        for name, proc in started.items():
+            stdout, stderr = proc.communicate(timeout=170)
+            finished[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                                         stderr)
+    finally:
+        for proc in started.values():
+            proc.kill()
+    return finished
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
-def test_benchmark_runs_quickly(script):
+def test_benchmark_runs_quickly(script, quick_runs):
     if '"--quick"' not in script.read_text():
         pytest.fail(f"benchmarks/{script.name} has no --quick mode: add one (2 ranks, the "
                     f"smallest size, one repeat) so that this test runs it in seconds")
     if script.name not in OUTPUT:
         pytest.fail(f"benchmarks/{script.name}: add the line its --quick run prints (a table's "
                     f"header) to OUTPUT in {Path(__file__).name}")
-    env = dict(os.environ)
-    # the same parlab as the tests', before whatever PYTHONPATH already holds
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(parlab.__file__).resolve().parents[1])]
-        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    out = subprocess.run([sys.executable, str(script), "--quick"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=170)
+    out = quick_runs[script.name]
     assert out.returncode == 0, (f"benchmarks/{script.name} --quick exited with "
                                  f"{out.returncode}:\n{out.stdout}\n{out.stderr}")
     assert OUTPUT[script.name] in out.stdout, (
