@@ -193,3 +193,20 @@ def test_zero_in_the_planner_shrinks_memory_and_stage_3_costs_more_data_time():
     assert data[0] == data[1] == data[2] and data[3] == pytest.approx(1.5 * data[0])
     with pytest.raises(ValueError, match="zero must be one of"):
         evaluate("GPT-3 175B", 16, 8, 8, 96, zero=4)
+
+
+def test_all_stages_in_one_launch_equal_separate_launches():
+    """train_stages runs stages 0-3 and FSDP2 one after another in the same ranks, clearing
+    the toy log between them: each run must equal its own launch, byte for byte."""
+    from parlab.sharded import train_fsdp, train_stages, train_zero, zero_reference, ZeroSpec
+
+    together = train_stages(2, backend="toy")
+    apart = [train_zero(stage, 2, backend="toy") for stage in range(4)] + [train_fsdp(2, backend="toy")]
+    ref = zero_reference(ZeroSpec())
+    for one, other in zip(together, apart):
+        assert one.stage == other.stage
+        assert one.state_bytes() == other.state_bytes()
+        assert one.log.matrix().tolist() == other.log.matrix().tolist()
+        assert len(one.log) == len(other.log) > 0
+        assert one.collectives().equals(other.collectives())
+        assert one.max_difference(ref) < 1e-5

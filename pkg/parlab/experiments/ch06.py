@@ -15,7 +15,7 @@ import functools
 
 from parlab.memory import model_state_bytes
 from parlab.sharded import (
-    ShardRun, STATE_PARTS, train_fsdp, train_zero, zero_bytes_per_rank, zero_reference,
+    ShardRun, STATE_PARTS, train_stages, train_zero, zero_bytes_per_rank, zero_reference,
     zero_scaling, ZeroSpec
 )
 from parlab.viz import figure
@@ -55,13 +55,12 @@ def stage_table(world_sizes=(2, 4), spec: ZeroSpec = ZeroSpec(), *, fsdp: bool =
     from parlab.progress import progress_bar
 
     ref = zero_reference(spec)
-    jobs = [(f"ZeRO-{stage}", n, stage) for n in world_sizes for stage in range(4)]
-    jobs += [("FSDP2", n, 3) for n in world_sizes] if fsdp else []
     rows = []
-    for name, n, stage in progress_bar(jobs, desc="runs", unit="run", disable=not progress):
-        run = (train_fsdp(n, spec, backend="toy") if name == "FSDP2"
-               else train_zero(stage, n, spec, backend="toy"))
-        rows.append(_row(name, run, ref))
+    for n in progress_bar(world_sizes, desc="launches", unit="launch", disable=not progress):
+        runs = train_stages(n, spec, fsdp=fsdp, backend="toy")  # stages 0-3, FSDP2: one launch
+        names = [f"ZeRO-{stage}" for stage in range(4)] + ["FSDP2"]
+        rows += [(name, run) for name, run in zip(names, runs)]
+    rows = [_row(name, run, ref) for name, run in sorted(rows, key=lambda r: r[0] == "FSDP2")]
     return pd.DataFrame(rows)
 
 

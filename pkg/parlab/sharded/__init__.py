@@ -15,9 +15,9 @@ from parlab.sharded.runs import (
     make_zero_batch, make_zero_model, RankResult, ShardRun, train_zero, zero_rank, zero_reference,
     ZeroSpec
 )
-from parlab.sharded.fsdp import train_fsdp
+from parlab.sharded.fsdp import train_fsdp, train_stages
 from parlab.sharded.scaling import GLOBAL_BATCH, GLOBAL_TOKENS, zero_bytes_per_rank, zero_scaling
 
 __all__ = ["FlatShard", "Zero", "optimizer_by_name", "ZeroSpec", "RankResult", "ShardRun",
            "make_zero_model", "make_zero_batch", "train_zero", "zero_rank", "zero_reference",
-           "train_fsdp", "zero_bytes_per_rank", "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]
+           "train_fsdp", "train_stages", "zero_bytes_per_rank", "zero_scaling", "GLOBAL_BATCH", "GLOBAL_TOKENS", "STATE_PARTS"]
