@@ -55,13 +55,12 @@ def stage_table(world_sizes=(2, 4), spec: ZeroSpec = ZeroSpec(), *, fsdp: bool =
     from parlab.progress import progress_bar
 
     ref = zero_reference(spec)
-    rows = []
+    zero_rows, fsdp_rows = [], []  # ZeRO's rows for every world size, then FSDP2's
     for n in progress_bar(world_sizes, desc="launches", unit="launch", disable=not progress):
         runs = train_stages(n, spec, fsdp=fsdp, backend="toy")  # stages 0-3, FSDP2: one launch
-        names = [f"ZeRO-{stage}" for stage in range(4)] + ["FSDP2"]
-        rows += [(name, run) for name, run in zip(names, runs)]
-    rows = [_row(name, run, ref) for name, run in sorted(rows, key=lambda r: r[0] == "FSDP2")]
-    return pd.DataFrame(rows)
+        zero_rows += [_row(f"ZeRO-{run.stage}", run, ref) for run in runs[:4]]
+        fsdp_rows += [_row("FSDP2", run, ref) for run in runs[4:]]
+    return pd.DataFrame(zero_rows + fsdp_rows)
 
 
 # --------------------------------------------------------------------------- figure recipes

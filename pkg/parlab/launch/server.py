@@ -109,7 +109,7 @@ def warm() -> None:
     """
     if _warming or RankProcess is None:
         return
-    ctx = context()
+    context()  # the preload list and the preparation-data wrapper, set before any start
 
     def start_one():
         try:
@@ -124,7 +124,6 @@ def warm() -> None:
     _warming.append(thread)
     thread.start()
     atexit.register(_stop_cold_server)
-    del ctx
 
 
 def _stop_cold_server() -> None:

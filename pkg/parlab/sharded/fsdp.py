@@ -116,11 +116,11 @@ def train_stages(world_size: int, spec: ZeroSpec = ZeroSpec(), stages=(0, 1, 2, 
     return runs
 
 
-def _jobs_rank(spec: ZeroSpec, jobs) -> list[tuple[RankResult, TrafficLog]]:
+def _jobs_rank(spec: ZeroSpec, jobs) -> list[tuple[RankResult, TrafficLog | None]]:
     """Runs on every rank: each job in turn, with what this rank sent during it."""
     out = []
     for kind, stage in jobs:
         toy.clear_transfers()
         result = fsdp_rank(spec) if kind == "FSDP2" else zero_rank(spec, stage)
-        out.append((result, TrafficLog(t for t in toy.transfers() if t.src == dist.get_rank())))
+        out.append((result, toy.sent_log()))
     return out

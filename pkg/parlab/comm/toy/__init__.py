@@ -10,12 +10,12 @@ calls), ``backend`` (the switches a reader uses, and ``run_with_traffic``).
 
 from parlab.comm.toy.backend import (
     algorithm, clear_transfers, get_algorithm, register, run_with_traffic, set_algorithm,
-    set_label, transfers
+    sent_log, set_label, transfers
 )
 from parlab.comm.toy.state import ToyOptions
 from parlab.comm.toy.group import ToyProcessGroup
 from parlab.comm.toy.checks import REDUCE_OPS, SUPPORTED_DTYPES, ToyMismatchError
 
 __all__ = ["set_algorithm", "get_algorithm", "algorithm", "set_label", "transfers",
-           "clear_transfers", "register", "run_with_traffic", "ToyOptions", "ToyProcessGroup",
+           "clear_transfers", "sent_log", "register", "run_with_traffic", "ToyOptions", "ToyProcessGroup",
            "SUPPORTED_DTYPES", "REDUCE_OPS", "ToyMismatchError"]
