@@ -213,13 +213,13 @@ run(one_step, 2, dp.TrainSpec())
 # Now <span data-glue="train_steps">30</span> steps of SGD with momentum, on
 # <span data-glue="train_world_sizes">1, 2 and 4</span> ranks, against one process that sees
 # the whole batch every step. `dp.train` cuts each run into
-# <span data-glue="train_segments">5</span> launches; each resumes from the previous one's
+# <span data-glue="train_segments">3</span> launches; each resumes from the previous one's
 # in-memory checkpoint (weights and momentum), and the progress bar advances per launch.
 # The bars' times are your machine's; the next cell prints the results.
 
 # %% tags=["nbval-ignore-output"]
 spec = dp.TrainSpec(steps=30, lr=0.1, momentum=0.9)
-segments, world_sizes = 5, (1, 2, 4)
+segments, world_sizes = 3, (1, 2, 4)
 reference = dp.reference(spec)
 runs = {n: dp.train(spec, n, segments=segments, progress=True) for n in world_sizes}
 

@@ -55,9 +55,11 @@
 
 # %%
 from parlab.experiments import BOOK_SAYS, gpt3_counts
+from parlab.launch import preload
 from parlab.models import get_config
 from parlab.tensor_parallel import counting
 
+_ = preload("torch.distributed.tensor.parallel", "parlab.tensor_parallel.debug")  # once, not per rank
 gpt3 = get_config("GPT-3 175B")
 print(f"GPT-3: d_model {gpt3.d_model}, {gpt3.n_layers} blocks, {gpt3.n_heads} heads, "
       f"d_ff {gpt3.d_ff} = {gpt3.d_ff // gpt3.d_model} x d_model, vocabulary {gpt3.vocab}\n")

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch import run
-from parlab.tensor_parallel import collective_wire_bytes, CommBytes
+from parlab.tensor_parallel import collective_wire_bytes
+from parlab.tensor_parallel.debug import CommBytes
 from parlab.experiments import calls_table, collective_calls, run_attention
 
 

@@ -91,7 +91,8 @@ def test_four_ranks_and_another_seed():
 
 def _sequential_rank():
     """An nn.Sequential MLP parallelized by name ("0" colwise, "2" rowwise), plus ours."""
-    from parlab.tensor_parallel import CommBytes, TensorParallelMLP, dtensor_local_grads
+    from parlab.tensor_parallel import TensorParallelMLP, dtensor_local_grads
+    from parlab.tensor_parallel.debug import CommBytes
     torch.manual_seed(0)
     seq = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()

@@ -5,6 +5,7 @@ not move or a figure that does not render. Modelled on Galata, JupyterLab's own 
 """
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -81,7 +82,33 @@ def _run_all(page):
         f"() => document.querySelectorAll('.jp-OutputArea-output').length === 0 && "
         f"{CODE_PROMPTS}.every(t => t === '[ ]:')", timeout=20_000)
     _menu(page, "Run", "runmenu:run-all")
-    page.wait_for_function(ALL_RAN, timeout=600_000, polling=500)
+    try:  # (under pytest-timeout's 300 s, so that a hang says where it is)
+        page.wait_for_function(ALL_RAN, timeout=240_000, polling=500)
+    except Exception as error:
+        raise AssertionError(f"Run All did not finish: {error}\n{_stuck(page)}") from None
+
+
+#: The cells not yet run: their prompt, first line and output text.
+STUCK = """() => [...document.querySelectorAll('.jp-CodeCell')].map((c, i) => ({i,
+  prompt: c.querySelector('.jp-InputArea-prompt').textContent.trim(),
+  source: (c.querySelector('.jp-InputArea-editor').innerText || '').split('\\n')[0],
+  output: (c.querySelector('.jp-OutputArea') || {innerText: ''}).innerText.slice(-2000)}))
+  .filter(c => !/^\\[\\d+\\]:$/.test(c.prompt))"""
+
+
+def _stuck(page) -> str:
+    """Where a Run All hangs: the cells not run yet, and the processes below JupyterLab."""
+    try:
+        cells = page.evaluate(STUCK)
+        status = page.evaluate("() => (document.querySelector('.jp-Notebook-ExecutionIndicator')"
+                               " || {dataset: {}}).dataset.status")
+    except Exception as error:  # the page itself may be what hangs
+        cells, status = f"(not readable: {error})", "?"
+    tree = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,time,wchan:20,args", "--forest"],
+                          capture_output=True, text=True).stdout
+    tree = "\n".join(line[:200] for line in tree.splitlines()
+                     if any(k in line for k in ("ipykernel", "python", "forkserver")))
+    return f"kernel status {status!r}; cells not run: {json.dumps(cells, indent=1)}\n{tree}"
 
 
 def _save_and_read(page, lab, name):

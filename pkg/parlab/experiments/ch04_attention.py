@@ -7,7 +7,7 @@ of the input (merged from the ranks' pieces), the same from the single-device la
 on the toy backend, every transfer split into forward and backward. The layers live in
 :mod:`parlab.tensor_parallel.layers`, :mod:`parlab.tensor_parallel.attention` and :mod:`parlab.tensor_parallel.ffn`; this module
 only runs them and packages what happened. For PyTorch's DTensor layer,
-:class:`parlab.tensor_parallel.CommBytes` (PyTorch's own ``CommDebugMode``, plus each
+:class:`parlab.tensor_parallel.debug.CommBytes` (PyTorch's own ``CommDebugMode``, plus each
 collective's bytes) says which collectives it issued, from which module, in which pass.
 
 Each experiment has a ``*_rank`` function (what one rank does; picklable, so
@@ -27,7 +27,7 @@ from parlab.comm.toy import transfers
 from parlab.launch import run
 from parlab.tensor_parallel import (
     BookAttention, check_degree, check_ffn_run, check_grad_sync, check_heads,
-    CommBytes, dtensor_attention, dtensor_local_grads, FIGURE_8_19_SIZES, ffn_rank, layout,
+    dtensor_attention, dtensor_local_grads, FIGURE_8_19_SIZES, ffn_rank, layout,
     merge, merge_grads, MegatronAttention, reference_ffn, SelfAttention
 )
 from parlab.checks import check_count
@@ -165,6 +165,8 @@ def reference_attention(d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=
 def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, seed=0,
                    grad_sync="all_reduce", prepare_input=True) -> dict:
     """One rank's part of :func:`run_attention`: build the variant, forward, backward."""
+    from parlab.tensor_parallel.debug import CommBytes  # (a second and a half to import)
+
     ref = SelfAttention(d_model, n_heads, causal, seed=seed)
     x, weight = _attention_inputs(d_model, batch, seq, seed)
     if variant == "book":
@@ -178,7 +180,8 @@ def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, s
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(ATTENTION_VARIANTS)}")
     x.requires_grad_()
     phases = _Phases()
-    comm = CommBytes() if variant == "pytorch" else None  # PyTorch's view of DTensor's calls
+    # PyTorch's view of DTensor's calls
+    comm = CommBytes() if variant == "pytorch" else None
     with comm if comm is not None else contextlib.nullcontext():
         phases.mark()
         out = layer(x)
@@ -189,7 +192,7 @@ def attention_rank(variant, d_model=8, n_heads=2, batch=2, seq=4, causal=True, s
     seen = comm.report() if comm is not None else dict.fromkeys(CommBytes.REPORT)
     return {"output": out.detach().clone(), "x.grad": x.grad, "grads": grads,
             "specs": {name: spec for name, (_, spec) in grads.items()},
-            "traffic": phases.result(), **seen}
+            "traffic": phases.result(), "comm": seen}
 
 
 def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int = 2, seq: int = 4,
@@ -201,7 +204,7 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     rank that holds the embeddings. ``grad_sync`` applies to the book's variant (see
     :class:`parlab.tensor_parallel.BookAttention`), ``prepare_input`` to PyTorch's (see
     :func:`parlab.tensor_parallel.dtensor_attention`). For PyTorch's variant,
-    ``info`` holds what :class:`parlab.tensor_parallel.CommBytes` saw on rank 0: ``collectives`` (``{phase: [(op,
+    ``info`` holds what :class:`parlab.tensor_parallel.debug.CommBytes` saw on rank 0: ``collectives`` (``{phase: [(op,
     payload bytes)]}``), ``comm_counts`` (CommDebugMode's ``{phase: {op: count}}``) and
     ``comm_table`` (its table at noise level 0, plain text); for the others they are None.
     """
@@ -225,7 +228,7 @@ def run_attention(variant: str, d_model: int = 8, n_heads: int = 2, batch: int =
     reference = reference_attention(d_model, n_heads, batch, seq, causal, seed)
     return Comparison(variant, parallel, reference, phase_split(results),
                       {"specs": [r["specs"] for r in results], "world_size": world_size,
-                       **{key: results[0][key] for key in CommBytes.REPORT}})
+                       **results[0]["comm"]})
 
 
 # --------------------------------------------------------------------------- Figure 8-19

@@ -8,7 +8,7 @@ ships the same split as a plan, ``ColwiseParallel`` then ``RowwiseParallel``
 weights, input and loss, merges each rank's gradient shards back into whole gradients and
 compares them with ``parlab.models.MLP`` on one device. With ``backend="toy"`` the traffic
 comes back split into forward and backward, for both variants alike; for PyTorch's variant
-:class:`parlab.tensor_parallel.CommBytes` (PyTorch's ``CommDebugMode``) also reports which
+:class:`parlab.tensor_parallel.debug.CommBytes` (PyTorch's ``CommDebugMode``) also reports which
 collectives DTensor issued, from which layer, and how big their tensors were.
 """
 
@@ -22,7 +22,7 @@ from parlab.launch import run
 from parlab.experiments.ch04_layers import _collect, _forward_backward, _generator
 from parlab.models import MLP
 from parlab.tensor_parallel import (
-    check_degree, CommBytes, dtensor_local_grads, dtensor_mlp, TensorParallelMLP
+    check_degree, dtensor_local_grads, dtensor_mlp, TensorParallelMLP
 )
 from parlab.checks import check_count
 
@@ -45,12 +45,15 @@ def _mlp_setup(d_model, d_ff, batch, seq, seed):
 
 def mlp_rank(variant, d_model, d_ff, batch, seq, seed) -> dict:
     """One rank of :func:`run_mlp`: build the variant from the full MLP, forward, backward."""
+    from parlab.tensor_parallel.debug import CommBytes  # (a second and a half to import)
+
     mlp, x, weight = _mlp_setup(d_model, d_ff, batch, seq, seed)
     x.requires_grad_()
     if variant == "megatron":
         layer, comm = TensorParallelMLP.from_mlp(mlp), None
     else:
-        layer, comm = dtensor_mlp(mlp), CommBytes()  # PyTorch's view of DTensor's collectives
+        # PyTorch's view of DTensor's collectives
+        layer, comm = dtensor_mlp(mlp), CommBytes()
     with comm if comm is not None else contextlib.nullcontext():
         out, phases = _forward_backward(layer, x, weight)
     if variant == "megatron":
@@ -63,7 +66,7 @@ def mlp_rank(variant, d_model, d_ff, batch, seq, seed) -> dict:
     seen = comm.report() if comm is not None else dict.fromkeys(CommBytes.REPORT)
     return {"output": out.detach(), "x.grad": x.grad, "grads": grads,
             "specs": {name: spec for name, (_, spec) in grads.items()},
-            "traffic": phases.result(), **seen}
+            "traffic": phases.result(), "comm": seen}
 
 
 def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, world_size: int = 2,
@@ -74,7 +77,7 @@ def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, worl
     (``parallelize_module`` with ``ColwiseParallel`` and ``RowwiseParallel``, on a backend
     whose groups have names: gloo, nccl or toy). Returns a
     :class:`parlab.experiments.Comparison`; its ``info`` holds each rank's ``specs`` and,
-    for PyTorch's variant, what :class:`parlab.tensor_parallel.CommBytes` saw on rank 0
+    for PyTorch's variant, what :class:`parlab.tensor_parallel.debug.CommBytes` saw on rank 0
     (``collectives``, ``comm_counts``, ``comm_table``; None for ours).
     """
     if variant not in MLP_VARIANTS:
@@ -90,5 +93,5 @@ def run_mlp(d_model: int = 8, d_ff: int = 32, batch: int = 2, seq: int = 4, worl
     reference = {"output": out.detach(), "x.grad": x.grad}
     reference.update({f"{n}.grad": p.grad for n, p in mlp.named_parameters()})
     info = {"world_size": world_size, "specs": [r["specs"] for r in results],
-            **{key: results[0][key] for key in CommBytes.REPORT}}
+            **results[0]["comm"]}
     return _collect(results, reference, f"{variant} mlp", info)

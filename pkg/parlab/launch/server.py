@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import multiprocessing as mp
 import os
 import signal
@@ -66,8 +67,9 @@ def preload(*modules: str) -> bool:
     launch on a small machine). Returns False when the server is already running: the
     modules are then imported by each rank as usual, which is slower but still correct.
     """
-    for name in modules:
-        importlib.import_module(name)  # a typo fails here, not inside every rank
+    for name in modules:  # a typo fails here, not inside every rank (without importing it
+        if importlib.util.find_spec(name) is None:  # here: the caller may never need it)
+            raise ModuleNotFoundError(f"preload: no module named {name!r}", name=name)
     if _forkserver_ready:
         return False
     _preload.extend(m for m in modules if m not in _preload)

@@ -4,8 +4,8 @@ Bottom up: ``sharding`` (who owns which slice of a tensor, and the shards merged
 ``mappings`` (the f and g operators as autograd functions: what each collective's backward
 is), ``layers`` (column- and row-parallel linear layers, vocabulary-parallel embeddings,
 under Megatron-LM's names), ``dtensor`` (the same splits through PyTorch's
-``parallelize_module``, and ``CommBytes``: PyTorch's ``CommDebugMode`` with each
-collective's bytes), ``attention`` (self-attention split three ways: the book's, Megatron's,
+``parallelize_module``), ``debug`` (``CommBytes``: PyTorch's ``CommDebugMode`` with each
+collective's bytes; a face of its own, imported only where used), ``attention`` (self-attention split three ways: the book's, Megatron's,
 DTensor's), ``parallelize`` (a whole GPT's blocks swapped for Megatron's over one group:
 what the 3D job composes), ``ffn`` (Figure 8-19's feed-forward network on 6 GPUs), ``counting`` (memory and
 bytes per split as closed forms). The chapter's runs on real ranks and the evidence for its
@@ -26,9 +26,7 @@ from parlab.tensor_parallel.layers import (
     BroadcastEmbedding, ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
     VocabParallelEmbedding
 )
-from parlab.tensor_parallel.dtensor import (
-    collective_wire_bytes, CommBytes, dtensor_local_grads, dtensor_mlp
-)
+from parlab.tensor_parallel.dtensor import collective_wire_bytes, dtensor_local_grads, dtensor_mlp
 from parlab.tensor_parallel.attention import (
     attend, BookAttention, check_grad_sync, check_heads, dtensor_attention, MegatronAttention,
     SelfAttention
@@ -51,6 +49,7 @@ __all__ = ["ShardSpec", "shard_spec", "split", "merge", "merge_grads", "describe
            "BookAttention", "MegatronAttention", "dtensor_attention", "check_heads",
            "check_grad_sync", "dtensor_local_grads", "FIGURE_8_19_SIZES", "Placement", "layout",
            "ffn_rank", "reference_ffn", "check_ffn_run", "parameter_memory", "embedding_table",
-           "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total", "CommBytes",
+           "slide_costs", "attention_bytes", "strategy_bytes", "ffn_bytes", "total",
            "collective_wire_bytes", "dtensor_mlp", "parallelize", "shard_pieces",
            "TensorParallelBlock"]
+

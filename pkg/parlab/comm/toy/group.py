@@ -48,18 +48,18 @@ class ToyProcessGroup(dist.ProcessGroup):
         self._shown_from = 0  # the call logged as 0 (see clear_transfers)
         self._pairs: dict[tuple[int, int], int] = {}
         self._scratch: dict = {}
+        self._next_headers: dict = {}  # receives posted for the next call's headers
         STATE.groups.add(self)
 
     def getBackendName(self) -> str:
         return "toy"
 
     # ------------------------------------------------------------------ the group's name
-    # torch.distributed names every group it makes (``pg._set_group_name(...)``) and registers
-    # it under that name; DeviceMesh reads ``group.group_name``, and PyTorch's functional
-    # collectives (what DTensor issues) find the group by name in C++. A plain ProcessGroup
-    # keeps its name in its registered backends; this group has none (it *is* the backend),
-    # so without these two methods the name is lost ("ProcessGroup name not set"). PyTorch's
-    # trampoline for Python groups (PyProcessGroup) routes getGroupName/setGroupName here.
+    # torch.distributed names every group it makes and registers it under that name;
+    # DeviceMesh reads ``group.group_name``, and the functional collectives (what DTensor
+    # issues) find the group by name in C++. A plain ProcessGroup keeps its name in its
+    # backends; this group has none (it *is* the backend), so without these two methods
+    # (PyTorch's PyProcessGroup trampoline routes them here) the name is lost.
     def getGroupName(self) -> str:
         if not self._group_name:
             raise RuntimeError("ProcessGroup name not set: create toy groups with "
@@ -95,18 +95,16 @@ class ToyProcessGroup(dist.ProcessGroup):
     def _begin(self, op: str, tensors, reduce_op: str = "", root: int = 0, **shape):
         """Check the call against every rank's, then open a wire for its transfers.
 
-        Every rank gets every rank's header (control messages over gloo, not logged) and
-        applies the same rules, so a bad call raises the same error on every rank instead
-        of leaving some ranks waiting. ``self._rows`` keeps the table (a tree gather needs
-        the other ranks' sizes).
+        Every rank gets every rank's header (control messages, not logged) and applies the
+        same rules, so a bad call raises the same error on every rank instead of leaving
+        some waiting. ``self._rows`` keeps the table (a tree gather needs others' sizes).
         """
         name = STATE.algorithm_for(self) if op != "barrier" else "ring"
         call, self._calls = self._calls, self._calls + 1
         header = checks.Header(self._size, op, name, checks.dtype_code(tensors), reduce_op,
                                root, call, **shape).tensor()
         self._rows = checks.parse([row.tolist() for row in self._exchange(header)], self._size)
-        problem = checks.verdict(op, self._rows, self._size)
-        if problem:
+        if problem := checks.verdict(op, self._rows, self._size):
             raise ToyMismatchError(problem)
         if reduce_op:
             checks.check_reduce_op(reduce_op, tensors[0].dtype)
@@ -121,18 +119,25 @@ class ToyProcessGroup(dist.ProcessGroup):
     def _exchange(self, header: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's header: each rank sends its own straight to every other rank.
 
-        Direct messages take one hop where gloo's allgather takes n-1 in a row, and on a
-        busy machine every hop waits for a process to be scheduled. All headers share one
-        tag: between two ranks, the k-th header sent meets the k-th header expected, so
-        even ranks that are out of step learn it (the check then says so).
+        Direct messages take one hop where gloo's allgather takes n-1 in a row (on a busy
+        machine every hop waits for a process to be scheduled). Gloo sends a message once
+        its receiver has asked for it, so the next call's header receives are posted as soon
+        as this call's arrive. All headers share one tag: between two ranks, the k-th header
+        sent meets the k-th expected, so ranks out of step learn it (the check says so).
         """
         n, r = self._size, self._rank
-        table = [header if p == r else torch.empty_like(header) for p in range(n)]
-        works = [self._gloo.recv([table[p]], p, CONTROL_TAG) for p in range(n) if p != r]
-        works += [self._gloo.send([header], p, CONTROL_TAG) for p in range(n) if p != r]
-        for work in works:
+        table = self._next_headers or self._post_header_recvs(header)
+        sends = [self._gloo.send([header], p, CONTROL_TAG) for p in range(n) if p != r]
+        for _, work in table.values():
             work.wait()
-        return table
+        self._next_headers = self._post_header_recvs(header)
+        for work in sends:
+            work.wait()
+        return [header if p == r else table[p][0] for p in range(n)]
+
+    def _post_header_recvs(self, like: torch.Tensor) -> dict:
+        return {p: (buf, self._gloo.recv([buf], p, CONTROL_TAG))
+                for p in range(self._size) if p != self._rank for buf in [torch.empty_like(like)]}
 
     def _buffer(self, slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
         """Scratch memory reused across calls (fresh large buffers cost page faults each time)."""
