@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -149,14 +148,15 @@ def book_step_explorer(ranks: int = 2, how: str = "all_gather",
 
 
 def two_gpu_links(nbytes: float, nic_gbps: float = NIC_GBPS,
-                  gpus_per_server: int = 8) -> pd.DataFrame:
+                  gpus_per_server: int = 8):
     """Figure 8-2's exchange, a ring all-reduce of ``nbytes`` between two GPUs, on each path of
     a rail-optimized cluster (two servers of ``gpus_per_server`` GPUs, NVLink inside, one NIC
     per GPU).
 
-    Per pair: the link the topology gives it, its speed each way, the bytes each GPU's NIC
-    sends (and receives), the modelled time (:func:`parlab.comm.allreduce_time`), and the
-    share of that time each GPU's port is busy sending, while it receives as much.
+    One ``pandas.DataFrame`` row per pair: the link the topology gives it, its speed each
+    way, the bytes each GPU's NIC sends (and receives), the modelled time
+    (:func:`parlab.comm.allreduce_time`), and the share of that time each GPU's port is busy
+    sending, while it receives as much.
     """
     cluster = rail_optimized(servers=2, gpus_per_server=gpus_per_server, nic_gbps=nic_gbps)
     sent = allreduce_bytes_per_rank(nbytes, 2)[0]
@@ -170,6 +170,8 @@ def two_gpu_links(nbytes: float, nic_gbps: float = NIC_GBPS,
                      "bytes through each NIC": 0 if link.name == "nvlink" else round(sent),
                      "all-reduce (ms)": round(seconds * 1e3, 2),
                      "port busy (%)": round(100 * sent / link.bandwidth / seconds, 1)})
+    import pandas as pd  # (0.4 s to import: only where a table is made)
+
     return pd.DataFrame(rows)
 
 
