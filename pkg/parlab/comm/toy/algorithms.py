@@ -30,7 +30,7 @@ import torch
 from parlab.comm.toy.wire import RING_BUFFERS, Wire, chunk_sizes, piece_ranges, wait
 
 __all__ = [
-    "ring_reduce_scatter", "ring_all_gather", "ring_broadcast",
+    "ring_reduce_scatter", "ring_all_gather", "ring_all_gather_receives", "ring_broadcast",
     "naive_reduce", "naive_broadcast", "naive_gather", "naive_scatter",
     "tree_depth", "tree_reduce", "tree_broadcast", "tree_gather", "tree_scatter",
     "pairwise_all_to_all", "dissemination_barrier",
@@ -96,24 +96,22 @@ def ring_reduce_scatter(wire: Wire, inputs, out, combine, buffers, step0: int = 
         wait(works)
 
 
-def ring_all_gather(wire: Wire, chunks, step0: int = 0) -> None:
+def ring_all_gather(wire: Wire, chunks, step0: int = 0, posted=None) -> None:
     """Ring all-gather: ``chunks[r]`` holds this rank's piece; afterwards every chunk is filled.
 
     At step s rank r forwards chunk ``r-s`` to ``r+1`` and receives chunk ``r-s-1`` from
     ``r-1``, straight into its final place: every receive can be posted at once, and each
-    piece is passed on the moment it arrives.
+    piece is passed on the moment it arrives. ``posted``: the receives, if the caller
+    posted them earlier (:func:`ring_all_gather_receives`).
     """
     n, r = wire.size, wire.rank
     right, left = (r + 1) % n, (r - 1) % n
     if n == 1:
         return
     itemsize = chunks[r].element_size()
-    recvs = []
+    recvs = posted or ring_all_gather_receives(wire, chunks, step0)
     for s in range(n - 1):
-        chunk = chunks[(r - s - 1) % n]
-        wire.record(step0 + s, left, r, chunk.numel() * itemsize)
-        recvs.append([wire.irecv(chunk[a:b], left, step0 + s, k)
-                      for k, (a, b) in enumerate(piece_ranges(chunk.numel(), itemsize))])
+        wire.record(step0 + s, left, r, chunks[(r - s - 1) % n].numel() * itemsize)
     mine = chunks[r]
     wire.record(step0, r, right, mine.numel() * itemsize)
     for k, (a, b) in enumerate(piece_ranges(mine.numel(), itemsize)):
@@ -125,6 +123,21 @@ def ring_all_gather(wire: Wire, chunks, step0: int = 0) -> None:
             recvs[s][k].wait()
             wire.isend(chunk[a:b], right, step0 + s + 1, k)
     wait(recvs[-1])
+
+
+def ring_all_gather_receives(wire: Wire, chunks, step0: int = 0) -> list:
+    """Post a ring all-gather's receives (per step, per piece), to be logged by the gather.
+
+    An all-reduce posts them before its reduce-scatter starts: gloo sends a message only
+    once its receiver has asked for it, and a receive posted early saves that round trip.
+    Safe, although they land in the chunks the reduce-scatter still reads: the final value
+    of a chunk reaches this rank only after this rank has sent its own partial sum of it.
+    """
+    n, r = wire.size, wire.rank
+    itemsize, left = chunks[r].element_size(), (r - 1) % n
+    return [[wire.irecv(chunk[a:b], left, step0 + s, k)
+             for k, (a, b) in enumerate(piece_ranges(chunk.numel(), itemsize))]
+            for s in range(n - 1) for chunk in [chunks[(r - s - 1) % n]]]
 
 
 def ring_broadcast(wire: Wire, flat, root: int) -> None:

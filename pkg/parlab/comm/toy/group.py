@@ -46,8 +46,7 @@ class ToyProcessGroup(dist.ProcessGroup):
         self._nccl = None
         self._calls = 0       # collectives so far (every rank of the group agrees)
         self._shown_from = 0  # the call logged as 0 (see clear_transfers)
-        self._pairs: dict[tuple[int, int], int] = {}
-        self._scratch: dict = {}
+        self._pairs, self._scratch = {}, {}  # p2p messages per (src, dst); reused buffers
         self._next_headers: dict = {}  # receives posted for the next call's headers
         STATE.groups.add(self)
 
@@ -136,8 +135,8 @@ class ToyProcessGroup(dist.ProcessGroup):
         return [header if p == r else table[p][0] for p in range(n)]
 
     def _post_header_recvs(self, like: torch.Tensor) -> dict:
-        return {p: (buf, self._gloo.recv([buf], p, CONTROL_TAG))
-                for p in range(self._size) if p != self._rank for buf in [torch.empty_like(like)]}
+        bufs = {p: torch.empty_like(like) for p in range(self._size) if p != self._rank}
+        return {p: (buf, self._gloo.recv([buf], p, CONTROL_TAG)) for p, buf in bufs.items()}
 
     def _buffer(self, slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
         """Scratch memory reused across calls (fresh large buffers cost page faults each time)."""
@@ -163,9 +162,10 @@ class ToyProcessGroup(dist.ProcessGroup):
         n, r, combine = self._size, self._rank, combiner(op)
         if used == "ring":
             chunks = list(flat.tensor_split(n))
+            early = alg.ring_all_gather_receives(wire, chunks, step0=n - 1)
             alg.ring_reduce_scatter(wire, chunks, chunks[r], combine, self._ring_buffers(chunks))
             average(op, chunks[r], n)
-            alg.ring_all_gather(wire, chunks, step0=n - 1)
+            alg.ring_all_gather(wire, chunks, step0=n - 1, posted=early)
         elif used == "naive":
             alg.naive_reduce(wire, flat, combine, root=0, step=0, acc=flat)
             average(op, flat, n if r == 0 else 1)
