@@ -75,7 +75,7 @@ def _menu(page, menu, command):
     page.click(f".lm-Menu-item[data-command='{command}']")
 
 
-def _run_all(page):
+def _run_all(page, root=None):
     """Clear every stored output (and check it is gone), run all cells, wait until all ran."""
     _menu(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(
@@ -85,30 +85,34 @@ def _run_all(page):
     try:  # (under pytest-timeout's 300 s, so that a hang says where it is)
         page.wait_for_function(ALL_RAN, timeout=240_000, polling=500)
     except Exception as error:
-        raise AssertionError(f"Run All did not finish: {error}\n{_stuck(page)}") from None
+        raise AssertionError(f"Run All did not finish: {error}\n{_stuck(page, root)}") from None
 
 
 #: The cells not yet run: their prompt, first line and output text.
 STUCK = """() => [...document.querySelectorAll('.jp-CodeCell')].map((c, i) => ({i,
-  prompt: c.querySelector('.jp-InputArea-prompt').textContent.trim(),
-  source: (c.querySelector('.jp-InputArea-editor').innerText || '').split('\\n')[0],
-  output: (c.querySelector('.jp-OutputArea') || {innerText: ''}).innerText.slice(-2000)}))
-  .filter(c => !/^\\[\\d+\\]:$/.test(c.prompt))"""
+  prompt: c.querySelector('.jp-InputArea-prompt')?.textContent.trim() ?? '(hidden)',
+  source: (c.querySelector('.jp-InputArea-editor')?.innerText ?? '').split('\\n')[0],
+  output: (c.querySelector('.jp-OutputArea')?.innerText ?? '').slice(-2000)}))
+  .filter(c => !/^\\[\\d+\\]:$/.test(c.prompt) && c.prompt !== '(hidden)')"""
 
 
-def _stuck(page) -> str:
-    """Where a Run All hangs: the cells not run yet, and the processes below JupyterLab."""
+def _stuck(page, root=None) -> str:
+    """Where a Run All hangs: the cells not run yet, the processes, JupyterLab's log."""
     try:
         cells = page.evaluate(STUCK)
         status = page.evaluate("() => (document.querySelector('.jp-Notebook-ExecutionIndicator')"
                                " || {dataset: {}}).dataset.status")
     except Exception as error:  # the page itself may be what hangs
         cells, status = f"(not readable: {error})", "?"
-    tree = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,time,wchan:20,args", "--forest"],
-                          capture_output=True, text=True).stdout
+    columns = "pid,ppid,stat,etime,time,wchan:20,args"  # -ww: whole lines, also without a tty
+    tree = subprocess.run(["ps", "-ww", "-eo", columns, "--forest"], capture_output=True,
+                          text=True).stdout
     tree = "\n".join(line[:200] for line in tree.splitlines()
                      if any(k in line for k in ("ipykernel", "python", "forkserver")))
-    return f"kernel status {status!r}; cells not run: {json.dumps(cells, indent=1)}\n{tree}"
+    log = Path(root, "jupyterlab.log") if root else None
+    log = log.read_text()[-3000:] if log and log.is_file() else ""
+    return (f"kernel status {status!r}; cells not run: {json.dumps(cells, indent=1)}\n{tree}\n"
+            f"JupyterLab's log (end):\n{log}")
 
 
 def _save_and_read(page, lab, name):
@@ -161,7 +165,7 @@ def test_chapter_runs_in_jupyterlab(lab, page, name):
 def check_chapter(lab, page, name):
     """Open the chapter, run all, find no error and a figure, move one explorer's control."""
     _open(page, lab, name)
-    _run_all(page)
+    _run_all(page, lab[2])
     notebook = _save_and_read(page, lab, name)
     errors = [o for c in notebook["cells"] for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
