@@ -1,5 +1,27 @@
-"""Shared fixtures."""
+"""Shared fixtures, and which chapters nbval runs."""
 import pytest
+
+from chromium import missing as browser_missing
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave out nbval's run of a chapter that a browser test runs.
+
+    tests/browser/test_jupyterlab*.py run every chapter in JupyterLab and compare what it
+    saved with the committed outputs by nbval's rules (tests/nbval_outputs.py), so nbval's own
+    run would execute the chapter a second time for the same check. Where the browser tests
+    cannot run (no Chromium or Playwright: they skip) or were not selected (``pytest
+    chapters/02_data_parallelism.ipynb``), nbval runs the chapter as usual.
+    """
+    browsed = {item.callspec.params["name"] for item in items
+               if getattr(item, "originalname", "") == "test_chapter_runs_in_jupyterlab"}
+    if not browsed or browser_missing():
+        return
+    covered = [item for item in items if item.path.suffix == ".ipynb" and item.path.name in browsed]
+    if covered:
+        config.hook.pytest_deselected(items=covered)
+        dropped = set(map(id, covered))
+        items[:] = [item for item in items if id(item) not in dropped]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ tests. Skipped, with the reason, where Chromium or Playwright is missing; .ci/ru
 installs both.
 """
 import json
-import os
 import secrets
 import shutil
 import socket
@@ -18,19 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from chromium import CHROMIUM, missing
+
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("PARLAB_CHROMIUM", "/usr/bin/chromium")
-
-
-def _missing() -> str:
-    if not Path(CHROMIUM).exists():
-        return f"Chromium not found at {CHROMIUM} (apt-get install chromium; .ci/run does)"
-    try:
-        import playwright.sync_api  # noqa: F401
-        import pytest_playwright  # noqa: F401
-    except ImportError:
-        return "playwright or pytest-playwright not installed (pip install -r requirements.txt)"
-    return ""
 
 
 def _free_port() -> int:
@@ -42,7 +31,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """Start JupyterLab over a copy of chapters/; yield (base_url, token, root_dir)."""
-    reason = _missing()
+    reason = missing()
     if reason:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("lab")
@@ -92,7 +81,7 @@ def lab(tmp_path_factory):
 # --tracing retain-on-failure) drive Debian's Chromium: Playwright's own download is not used.
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
-    reason = _missing()
+    reason = missing()
     if reason:
         pytest.skip(reason)
     return {**browser_type_launch_args, "executable_path": CHROMIUM,
