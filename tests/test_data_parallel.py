@@ -213,7 +213,7 @@ def test_uneven_split_is_weighted_to_match_one_process():
     runs = dp.train(spec, 2)
     assert _identical(runs)
     assert_states_close(runs[0].state, dp.reference(spec).state)
-    with pytest.raises(RankError, match="do not split evenly over 2 ranks"):
+    with pytest.raises(ValueError, match="do not split evenly over 2 ranks"):  # before any rank
         dp.train(spec.replace(uneven=False, samples=10), 2)
 
 

@@ -1,6 +1,7 @@
 """Bad input to the memory calculator is refused up front, with the argument and what is valid
 (issue 18, 1b): estimate, min_gpus, activation_bytes, activations_per_layer and measure."""
 import pytest
+import torch
 
 from parlab import memory
 from parlab.models import TINY, BookMLP
@@ -132,3 +133,24 @@ def test_measure_on_cuda_without_a_gpu_says_so():
         pytest.skip("a GPU is here")
     with pytest.raises(ValueError, match="no CUDA GPU is available; use device='cpu'"):
         memory.measure(TINY, (2, 16), device="cuda")
+
+
+def test_tp_problem_refuses_tp_below_one():
+    with pytest.raises(ValueError, match="tp must be a positive integer .*got 0"):
+        memory.tp_problem(TINY, 0)  # was ZeroDivisionError
+
+
+def test_stage_ranges_checks_pp():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="pp must be a positive integer .*got 0"):
+        memory.stage_ranges(model, 0)  # was one stage, silently
+    with pytest.raises(ValueError, match="pp=3 stages for 2 children of the model"):
+        memory.stage_ranges(model, 3)  # was empty stages, silently
+
+
+@pytest.mark.parametrize("points, message", [(0, "points must be a positive integer"),
+                                             (1, "points must be at least 2")])
+def test_waste_curve_needs_two_points(points, message):
+    run = memory.training_cost(8, 700, 30, 0.1)
+    with pytest.raises(ValueError, match=message):  # was an empty curve / ZeroDivisionError
+        memory.waste_curve(run, 10, points=points)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parlab.checks import check_count
+
 __all__ = ["COLLECTIVES", "one_collective"]
 
 #: The collectives the explorer runs, and what each rank holds afterwards.
@@ -28,6 +30,9 @@ def one_collective(collective: str, elements: int) -> bool:
     input) and reduce_scatter (the output). Returns whether this rank's result equals what
     the collective must produce, computed here without any communication.
     """
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {list(COLLECTIVES)}")
+    check_count("elements", elements, "the tensor's length")
     rank, n = dist.get_rank(), dist.get_world_size()
     mine = torch.full((elements,), float(rank + 1))
     total = n * (n + 1) / 2  # 1 + 2 + ... + n

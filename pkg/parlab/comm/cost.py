@@ -30,7 +30,7 @@ import math
 
 from parlab.hardware import NIC_GBPS
 from parlab.comm.topology import LinkSpec, nic
-from parlab.checks import check_count
+from parlab.checks import check_count, check_positive_number
 
 __all__ = ["ALGORITHMS", "ring_wire_bytes", "allreduce_bytes_per_rank", "allreduce_steps",
            "allreduce_time", "bus_bandwidth"]
@@ -103,7 +103,10 @@ def allreduce_time(nbytes: float, n: int, algorithm: str = "ring",
     one after the other, so their time is about twice the busiest rank's sent bytes over the
     bandwidth. The default link is a 400 Gb/s NIC.
     """
-    link = link or nic(NIC_GBPS)
+    link = nic(NIC_GBPS) if link is None else link
+    if not isinstance(link, LinkSpec):
+        raise TypeError(f"link must be a LinkSpec (e.g. parlab.comm.NVLINK or nic(400)), "
+                        f"got {link!r}")
     steps = allreduce_steps(n, algorithm)
     per_step = {"ring": nbytes / n, "naive": (n - 1) * nbytes, "tree": nbytes}[algorithm]
     return steps * (link.alpha + per_step / link.bandwidth)
@@ -125,4 +128,5 @@ def bus_bandwidth(op: str, nbytes: float, seconds: float, n: int) -> float:
     if op not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
         raise ValueError(f"no bus-bandwidth factor for {op!r}; known: "
                          f"['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast']")
+    check_positive_number("seconds", seconds, "the collective's measured time")
     return nbytes / seconds * _bus_factor(op, n)

@@ -112,6 +112,7 @@ def link_type(src, dst, gpus_per_server: int = 8) -> str:
 
     ``src`` and ``dst`` are ranks or names ("A1").
     """
+    _check_layout(gpus_per_server)
     src, dst = _as_rank(src, gpus_per_server), _as_rank(dst, gpus_per_server)
     if src == dst:
         raise ValueError(f"a GPU does not send to itself over a link (src = dst = {src})")

@@ -244,6 +244,7 @@ def train(spec: TrainSpec, world_size: int, *, backend: str = "gloo", engine: st
     _check_engine(engine, options.get("fail_at"), options.get("lose_at"))
     first = start["step"] if start else 0
     check_count("segments", segments)
+    split_batch(spec.samples, spec.micro_batches, world_size, spec.uneven)  # before any rank
     stops = sorted({first + round((spec.steps - first) * (s + 1) / segments)
                     for s in range(segments)})
     runs, done = None, first

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parlab.checks import check_count
 from parlab.comm import ALGORITHMS, COLLECTIVES, one_collective, run_with_traffic
 from parlab.launch import run
 from parlab.units import format_bytes
@@ -27,6 +28,8 @@ def draw_collective(collective: str = "all_gather", algorithm: str = "ring", ran
     """Run the collective on ``ranks`` toy-backend ranks; print the totals; draw each step."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; choose one of {list(COLLECTIVES)}")
+    check_count("ranks", ranks, "toy-backend ranks")
+    check_count("elements", elements, "each rank's tensor length")
     results, log = run_with_traffic(one_collective, ranks, collective, elements,
                                     algorithm=algorithm)
     unit = 4 * elements

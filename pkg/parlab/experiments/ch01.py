@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from parlab.checks import check_count
 from parlab.memory import estimate, min_gpus, training_cost, waste_curve
 from parlab.models import BookMLP, CONFIGS
 from parlab.viz import figure
@@ -26,6 +27,9 @@ def book_step(sizes=(4, 5, 5, 2), batch: int = 8, seed: int = 0,
     other half of the batch, and A1 receives them as its remote gradients (world size 2);
     without it A1 trains alone on the whole batch and has no remote gradients.
     """
+    if check_count("batch", batch) < 2 and with_peer:
+        raise ValueError(f"batch must be at least 2 with with_peer=True (one half per replica), "
+                         f"got {batch!r}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, sizes[0], generator=g)
     target = torch.randn(batch, sizes[-1], generator=g)
@@ -53,6 +57,9 @@ def datasets_and_batch(sizes=(4, 5, 5, 2), train_samples: int = 10_000,
     anyway, left out) in a training forward pass and in an evaluation pass over a test batch under ``torch.no_grad``.
     """
     from torch.utils.data import DataLoader, TensorDataset
+    for name, value in (("train_samples", train_samples), ("test_samples", test_samples),
+                        ("batch", batch)):
+        check_count(name, value)
 
     g = torch.Generator().manual_seed(seed)
 

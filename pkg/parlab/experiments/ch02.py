@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from parlab.checks import check_choice, check_count, check_positive_number
 from parlab.comm import allreduce_bytes_per_rank, allreduce_time, rail_optimized
 from parlab.data_parallel import (
     GradientExchange, gradient_bytes, make_batch, replica_names, split_batch, sync_scaling,
@@ -103,6 +104,8 @@ class BookRun:
 def run_figure_8_2(spec: TrainSpec = FIGURE_8_2, world_size: int = 2, how: str = "all_gather",
                    backend: str = "gloo") -> BookRun:
     """Run the book's data-parallel step on ``world_size`` ranks and one process; keep both."""
+    GradientExchange(how)  # its checks of how and split_batch's, before any rank starts
+    split_batch(spec.samples, spec.micro_batches, world_size)
 
     ranks = run(_book_rank, world_size, spec, how, backend=backend)
     net = BookMLP(spec.sizes, spec.activation, lr=spec.lr, seed=spec.seed)
@@ -138,6 +141,10 @@ def book_step_explorer(ranks: int = 2, how: str = "all_gather",
     """
     import ipywidgets as w
 
+    check_choice("ranks", ranks, (1, 2, 4))
+    GradientExchange(how)  # checks how
+    if not (check_count("steps", steps) <= 10):
+        raise ValueError(f"steps must be at most 10 (the slider's range), got {steps!r}")
     controls = {
         "ranks": w.Dropdown(options=[1, 2, 4], value=ranks, description="replicas"),
         "how": w.Dropdown(options=["all_gather", "all_reduce"], value=how,
@@ -158,6 +165,7 @@ def two_gpu_links(nbytes: float, nic_gbps: float = NIC_GBPS,
     (:func:`parlab.comm.allreduce_time`), and the share of that time each GPU's port is busy
     sending, while it receives as much.
     """
+    check_positive_number("nbytes", nbytes, "the gradient's size in bytes")
     cluster = rail_optimized(servers=2, gpus_per_server=gpus_per_server, nic_gbps=nic_gbps)
     sent = allreduce_bytes_per_rank(nbytes, 2)[0]
     rows = []

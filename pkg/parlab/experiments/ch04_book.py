@@ -42,7 +42,7 @@ from parlab.models import (
 )
 from parlab.pipeline import schedule, simulate
 from parlab.tensor_parallel import attend, FIGURE_8_19_SIZES, SelfAttention
-from parlab.checks import check_count
+from parlab.checks import check_count, check_positive_number
 
 __all__ = ["BOOK_SAYS", "gpt3_counts", "CollectiveCall", "collective_calls", "calls_table", "gradient_shard_bytes",
            "ffn_backward_sums",
@@ -164,6 +164,7 @@ def layer_memory(config: TransformerConfig | str = GPT3_175B,
     c = get_config(config)
     check_count("tp", tp)
     check_count("microbatches", microbatches)
+    check_positive_number("gpu_bytes", gpu_bytes, "one GPU's memory in bytes")
     counts = count_parameters(c)
 
     def states(parameters):

@@ -36,6 +36,10 @@ def qkv_example(tokens=(3, 7, 1, 5), seed: int = 0) -> dict[str, torch.Tensor]:
     Built from a real small model (d_model 8, 2 heads). Q, K, V are computed by hand as
     X W^T + b and checked against the model's own projection layers.
     """
+    if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 16
+                             for t in tokens):
+        raise ValueError(f"tokens must be one or more token ids from 0 to 15 (the figure's "
+                         f"vocabulary of 16), got {tokens!r}")
     config = TransformerConfig("figure-8-16", d_model=8, n_layers=1, n_heads=2, d_ff=32,
                                vocab=16, context=len(tokens))
     model = build_model(config, seed=seed)

@@ -28,6 +28,7 @@ from parlab.hardware import GPU_MEMORY_GB
 from parlab import memory
 from parlab.hybrid import bubble_fraction, plan
 from parlab.models import get_config
+from parlab.checks import check_count
 
 __all__ = ["CopySize", "copy_sizes", "copy_table", "depth_table"]
 
@@ -101,6 +102,14 @@ def depth_table(model="GPT-3 175B", tp: int = 8, depths=(8, 16, 32), gpus: int =
     tensor parallelism, the rest of ``gpus`` as replicas, micro-batches of one sequence, 1F1B,
     bf16 with Adam (as the planner counts them)."""
     config = get_config(model)
+    for name, value in (("tp", tp), ("gpus", gpus), ("global_batch", global_batch)):
+        check_count(name, value)
+    if not depths:
+        raise ValueError("depths must hold one or more pipeline depths, got ()")
+    for pp in depths:
+        if check_count("pp", pp, "a pipeline depth in depths") * tp > gpus:
+            raise ValueError(f"tp={tp} x pp={pp} is more than gpus={gpus}: no GPU is left for "
+                             f"a replica; use depths of at most {gpus // tp}")
     columns = {}
     for pp in depths:
         dp = gpus // (tp * pp)

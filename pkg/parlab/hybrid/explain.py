@@ -131,6 +131,9 @@ def _less_model_parallel(lay, search) -> str:
 
 def explain(lay) -> str:
     """A few sentences on ``lay`` (a :class:`parlab.planner.Layout`)."""
+    if not all(hasattr(lay, a) for a in ("pp", "memory", "times", "fits")):
+        raise TypeError(f"lay must be a Layout (from parlab.hybrid.plan or evaluate), "
+                        f"got {type(lay).__name__}")
     lines = [_shape(lay), _placement(lay), _memory(lay), _time(lay)]
     if not lay.fits:
         lines.append("It does not fit, so the planner does not rank it.")

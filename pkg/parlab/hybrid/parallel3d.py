@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from parlab.checks import check_count
 from parlab.comm import GROUP_KINDS, Mesh, Topology
 from parlab.data_parallel import all_reduce_buckets
 from parlab.hybrid.placement import cluster, place
@@ -81,17 +82,25 @@ def _stage_names(config, stage: int, pp: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def rank_step(dp: int = 2, tp: int = 2, pp: int = 2, batch: int = 8, seq: int = 8,
-              microbatches: int = 2, lr: float = 0.1, seed: int = 0, config=CONFIG) -> dict:
-    """One 3D-parallel SGD step on this rank; returns its coordinates, loss and parameters."""
-    if dist.get_world_size() != dp * tp * pp:
-        raise ValueError(f"dp x tp x pp = {dp * tp * pp} but the job has "
-                         f"{dist.get_world_size()} ranks")
+def _check_shape(dp, tp, pp, batch, microbatches, config) -> None:
+    """The degrees and the batch split, checked before any rank starts (and on each rank)."""
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("batch", batch),
+                        ("microbatches", microbatches)):
+        check_count(name, value)
     if batch % (dp * microbatches):
         raise ValueError(f"batch={batch} does not split into dp={dp} x microbatches="
                          f"{microbatches} equal micro-batches")
     if config.n_layers % pp:
         raise ValueError(f"pp={pp} does not divide the {config.n_layers} layers")
+
+
+def rank_step(dp: int = 2, tp: int = 2, pp: int = 2, batch: int = 8, seq: int = 8,
+              microbatches: int = 2, lr: float = 0.1, seed: int = 0, config=CONFIG) -> dict:
+    """One 3D-parallel SGD step on this rank; returns its coordinates, loss and parameters."""
+    _check_shape(dp, tp, pp, batch, microbatches, config)
+    if dist.get_world_size() != dp * tp * pp:
+        raise ValueError(f"dp x tp x pp = {dp * tp * pp} but the job has "
+                         f"{dist.get_world_size()} ranks")
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
     groups = mesh.groups(mesh.build())
     where = mesh.coordinates(dist.get_rank())
@@ -203,6 +212,7 @@ def run_3d(dp: int = 2, tp: int = 2, pp: int = 2, batch: int = 8, seq: int = 8,
     from parlab.launch import run
     from parlab.comm import run_with_traffic
 
+    _check_shape(dp, tp, pp, batch, microbatches, CONFIG)
     world = dp * tp * pp
     kwargs = dict(batch=batch, seq=seq, microbatches=microbatches, lr=lr, seed=seed)
     if backend == "toy":

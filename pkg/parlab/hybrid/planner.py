@@ -20,7 +20,7 @@ is a keyword of :func:`plan`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS
 from parlab import memory
@@ -258,7 +258,7 @@ def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb
     config = get_config(config)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
         check_count(name, value)  # before cluster(dp * tp * pp) would blame the product, "gpus"
-    a = assumptions or Assumptions(**kwargs)
+    a = assumptions or _assumptions(kwargs)
     if len(a.recompute_options) != 1:
         raise ValueError(f"evaluate prices one layout: give one recompute setting (None, "
                          f"'full' or 'selective'), got {a.recompute!r}; search() tries several")
@@ -287,6 +287,15 @@ def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assu
                   recompute=recompute, efficiency=micro_batch_efficiency(config, b, tp, a))
 
 
+def _assumptions(keywords: dict) -> Assumptions:
+    """The :class:`Assumptions` the extra keywords give, naming any keyword that is none."""
+    known = [f.name for f in fields(Assumptions)]
+    for name in keywords:
+        if name not in known:
+            raise TypeError(f"unknown keyword {name!r}; the planner's assumptions are {known}")
+    return Assumptions(**keywords)
+
+
 def _triples(gpus: int):
     for tp in divisors(gpus):
         for pp in divisors(gpus // tp):
@@ -298,7 +307,7 @@ def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology:
     """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
     config = get_config(config)
     check_count("gpus", gpus)
-    a = Assumptions(**assumptions)
+    a = _assumptions(assumptions)
     if not gpu_memory_gb > 0:
         raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
     if topology is None:

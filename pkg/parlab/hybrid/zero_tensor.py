@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from parlab.checks import check_choice, check_count
 from parlab.comm import Mesh
+from parlab.memory import ZERO_STAGES
 from parlab.models import MLP
 from parlab.sharded import Zero
 from parlab.tensor_parallel import merge_grads, TensorParallelMLP
@@ -98,6 +100,11 @@ def run_zero_tensor(dp: int = 2, tp: int = 2, stage: int = 3, batch: int = 8, lr
                     seed: int = 0, backend: str = "toy") -> ZeroTensorRun:
     """Run :func:`zero_tensor_rank` on dp x tp ranks; compare with one process."""
     from parlab.launch import run
+    for name, value in (("dp", dp), ("tp", tp), ("batch", batch)):
+        check_count(name, value)
+    check_choice("stage", stage, ZERO_STAGES)
+    if batch % dp:
+        raise ValueError(f"batch={batch} does not split into dp={dp} equal shares")
     ranks = run(zero_tensor_rank, dp * tp, dp, tp, stage, batch, lr, seed, backend=backend)
     mesh = Mesh(dp=dp, tp=tp)
     copies = [merge_grads([ranks[mesh.rank_at(d, 0, t)]["pieces"] for t in range(tp)])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from parlab.checks import check_count
 from parlab.models import forward_flops, LlamaConfig, TransformerConfig
 
 __all__ = ["DECODERS", "tensor_split_sizes", "tp_problem", "block_terms", "end_terms",
@@ -43,6 +44,7 @@ def tensor_split_sizes(m) -> dict[str, int]:
 
 def tp_problem(m, tp: int) -> str:
     """Why ``tp`` tensor ranks cannot split ``m`` (with the valid degrees), or '' if they can."""
+    check_count("tp", tp, "tensor-parallel ranks")
     need = tensor_split_sizes(m)
     if all(v % tp == 0 for v in need.values()):
         return ""

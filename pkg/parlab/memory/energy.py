@@ -160,6 +160,8 @@ def waste_curve(run: RunCost, mtbf_hours: float, checkpoint_minutes: float = 10,
                 restart_minutes: float = 30, points: int = 81) -> WasteCurve:
     """:func:`expected_waste` at ``points`` intervals from half a checkpoint's time to the run
     (at most 3 x ``mtbf_hours``), with Young's interval and the run without checkpoints."""
+    if check_count("points", points, "intervals on the curve") < 2:
+        raise ValueError(f"points must be at least 2 (the curve's two ends), got {points!r}")
     best = young_interval(mtbf_hours, checkpoint_minutes)
     lo, hi = checkpoint_minutes / 60 / 2, min(run.hours, 3 * mtbf_hours)
     ks = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from parlab.checks import check_count
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.states import check_split, model_state_bytes, ModelStates
 from parlab.memory.tracing import InputSpec, module_children, trace_module
@@ -123,6 +124,10 @@ def stage_ranges(model: nn.Module, pp: int, split_points=None) -> list[range]:
     balanced by parameter count (:func:`module_children` lists the children)."""
     children = module_children(model)
     if split_points is None:
+        check_count("pp", pp, "pipeline stages")
+        if pp > len(children):
+            raise ValueError(f"pp={pp} stages for {len(children)} children of the model: at "
+                             f"most one stage per child")
         counts = [sum(p.numel() for p in c.parameters()) for _, c in children]
         split_points = _balanced(counts, pp)
     bounds = [0, *split_points, len(children)]

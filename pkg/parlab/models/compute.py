@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
+from parlab.models.hf import get_config
 from parlab.models.llama import LlamaConfig
 from parlab.checks import check_count, check_positive_number
 
@@ -100,6 +101,9 @@ def compute_bound_tokens(k: int, m: int, element_bytes: int = 2,
     n = ceil(R e k m / (2 k m - R e (k + m))), then nudged so that it agrees with
     :func:`matmul_efficiency` to the last bit.
     """
+    for name, value in (("k", k), ("m", m), ("element_bytes", element_bytes),
+                        ("tflops", tflops), ("tb_per_s", tb_per_s)):
+        check_positive_number(name, value)
     ridge = tflops / tb_per_s
     room = 2 * k * m - ridge * element_bytes * (k + m)
     if room <= 0:
@@ -116,11 +120,13 @@ def compute_bound_tokens(k: int, m: int, element_bytes: int = 2,
 def block_matmuls(config, tp: int = 1) -> list[tuple[int, int]]:
     """(k, m) of every weight product one of ``tp`` tensor-parallel ranks runs in a block.
 
+    ``config``: a config or its name, as :func:`parlab.models.get_config` takes.
     Fused as Megatron-LM fuses them: Q, K and V in one product (GPT: d x 3d/tp; Llama:
     d x (heads + 2 key/value heads) d_head/tp), the output projection (d/tp x d), the first
     feed-forward product (d x d_ff/tp; Llama's SwiGLU gate and up together, d x 2 d_ff/tp)
     and the second (d_ff/tp x d): column-parallel, then row-parallel.
     """
+    config = get_config(config)
     check_count("tp", tp, "tensor-parallel ranks")
     d, ff, heads = config.d_model, config.d_ff, config.n_heads
     llama = isinstance(config, LlamaConfig)

@@ -200,6 +200,9 @@ def build_model(config: TransformerConfig | LlamaConfig | str, seed: int | None 
     Both have ``.blocks`` (an ``nn.ModuleList``), ``.lm_head`` and ``.loss(ids, targets)``.
     """
     config = get_config(config)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, "
+                        f"got {dtype!r}")
     if isinstance(config, LlamaConfig):
         return build_llama(config, seed=seed, dtype=dtype, device=device)
     return build_gpt(config, seed=seed, dtype=dtype, device=device)

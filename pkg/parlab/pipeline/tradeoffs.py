@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from parlab import memory
 from parlab.checks import check_count
+from parlab.models import get_config
 from parlab.pipeline.schedules import SCHEDULES, schedule
 from parlab.pipeline.simulator import Simulation, simulate
 from parlab.units import format_bytes
@@ -77,6 +78,8 @@ def compare(stages: int = 4, microbatches: int = 8, chunks: int = 2, model=DEFAU
     if precision not in memory.PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of "
                          f"{list(memory.PRECISIONS)}")
+    if isinstance(model, str):
+        get_config(model)  # an unknown name fails here, not as an error row per schedule
     rows = []
     for name in names:
         v = chunks if name == "interleaved" else 1
