@@ -2,6 +2,8 @@
 
 What a reader does, done by a browser: unit tests and nbval cannot see a slider that does
 not move or a figure that does not render. Modelled on Galata, JupyterLab's own UI tests.
+The saved outputs are also compared with the committed ones by nbval's rules, which is why
+nbval does not run these chapters a second time (tests/conftest.py).
 """
 import json
 import re
