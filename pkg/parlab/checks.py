@@ -5,6 +5,7 @@ the argument, what it is for, and what was given, never deep inside a rank. Impo
 of parlab.
 
 - :func:`check_count`: a whole number >= 1 (GPUs, layers, micro-batches, a batch, ...).
+- :func:`check_index`: a whole number >= 0 (a rank, a stage, a replica: a position).
 - :func:`check_positive_number`: any real number > 0 (seconds, watts, TB/s; ``math.inf``
   passes where a caller means "unlimited").
 - :func:`check_choice`: one of a few allowed values, the message listing them.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["check_count", "check_positive_number", "check_choice"]
+__all__ = ["check_count", "check_index", "check_positive_number", "check_choice"]
 
 
 def _detail(what: str) -> str:
@@ -28,6 +29,13 @@ def check_count(name: str, value, what: str = "") -> int:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive integer{_detail(what)}, got {value!r}")
+    return value
+
+
+def check_index(name: str, value, what: str = "") -> int:
+    """``value`` if it is a whole number >= 0 (not a bool); else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer{_detail(what)}, got {value!r}")
     return value
 
 

@@ -35,7 +35,7 @@ import string
 from dataclasses import dataclass, field, replace
 
 from parlab.hardware import NIC_GBPS, NIC_SPEEDS_GBPS, NVLINK_GB_PER_S
-from parlab.checks import check_count
+from parlab.checks import check_count, check_index
 
 __all__ = ["LinkSpec", "NVLINK", "nic", "Topology", "rail_optimized", "figure_8_19",
            "gpu_name", "rank_of", "link_type", "LINK_TYPES", "ROUTES", "NETWORK_SWITCHES"]
@@ -79,8 +79,7 @@ def nic(gbps: float = NIC_GBPS, hops: str = "rail") -> LinkSpec:
 def gpu_name(rank: int, gpus_per_server: int = 8) -> str:
     """The figure's name of ``rank``: letter = position in the server (= rail), number = server."""
     _check_layout(gpus_per_server)
-    if not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    check_index("rank", rank)
     server, position = divmod(rank, gpus_per_server)
     return f"{string.ascii_uppercase[position]}{server + 1}"
 

@@ -31,7 +31,7 @@ from parlab.data_parallel import all_reduce_buckets
 from parlab.launch import rank_device
 from parlab.pipeline import (Network, reference, run_network, Schedule,
                              stage_gpu_name, stage_layers)
-from parlab.checks import check_count
+from parlab.checks import check_count, check_index
 from parlab.models import max_difference
 
 __all__ = ["HybridRun", "SyncPair", "SYNC_FORMAT", "pipeline_data_parallel", "hybrid_name"]
@@ -50,8 +50,7 @@ def hybrid_name(replica: int, stage: int, stages: int) -> str:
     stage sits in the same position in every replica.
     """
     for name, value in (("replica", replica), ("stage", stage), ("stages", stages)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        check_index(name, value)
     if stage >= stages:
         raise ValueError(f"stage must be 0 to {stages - 1} for {stages} stages, got {stage}")
     return stage_gpu_name(replica * 2 * ((stages + 1) // 2) + stage)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from parlab.checks import check_index
 from parlab.pipeline.schedules import Action, Schedule
 
 __all__ = ["StageTransfer", "Event", "StepRecord", "Simulation", "simulate", "stage_gpu_name",
@@ -150,8 +151,7 @@ class Simulation:
 
 def stage_gpu_name(rank: int) -> str:
     """The book's GPU names, two GPUs per server: ranks 0-3 are A1, A2, B1, B2; then C1, ..."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+    check_index("rank", rank)
     return f"{chr(ord('A') + rank // 2)}{rank % 2 + 1}" if rank < 52 else f"GPU{rank}"
 
 
