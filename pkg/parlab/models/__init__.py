@@ -9,14 +9,15 @@ z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and paramet
 ``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares, with the
 roofline share of that speed a micro-batch of n tokens reaches, and the token count
 from which a product is compute-bound), ``compare``
-(``max_difference``: how far two runs' tensors are apart). Imports only the bottom modules
+(``max_difference``: how far two runs' tensors are apart), ``moe`` (a mixture-of-experts layer:
+three routers, expert capacity and dropping, SwiGLU experts behind a swappable dispatcher). Imports only the bottom modules
 of parlab (``checks``, ``hardware``).
 """
 
 from parlab.models.transformer import (
     CONFIGS, GPT, GPT2_SMALL, GPT3_175B, GPT3_6_7B, MLP, TINY, TransformerConfig
 )
-from parlab.models.llama import Llama, LlamaConfig, RMSNorm
+from parlab.models.llama import Llama, LlamaConfig, RMSNorm, SwiGLU
 from parlab.models.hf import (
     build_model, count_parameters, from_hf_config, get_config, HF_CONFIGS, HF_PRESETS,
     SUPPORTED_MODEL_TYPES
@@ -28,6 +29,10 @@ from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
 from parlab.models.compare import max_difference
+from parlab.models.moe import (
+    assign_slots, expert_capacity, LocalExperts, MoE, MoEConfig, Router, ROUTERS, route, Routing,
+    RoutingStats
+)
 from parlab.models.compute import (
     block_matmul_efficiency, block_matmuls, compute_bound_tokens, FLOPS_PER_PARAMETER_TOKEN,
     FORWARD_FLOPS_PER_PARAMETER_TOKEN, forward_flops, H100_BF16_TFLOPS, matmul_efficiency,
@@ -42,4 +47,6 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "communication_per_layer", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",
            "FORWARD_FLOPS_PER_PARAMETER_TOKEN", "forward_flops",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
-           "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference"]
+           "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference",
+           "MoEConfig", "MoE", "Router", "ROUTERS", "route", "Routing", "RoutingStats",
+           "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU"]

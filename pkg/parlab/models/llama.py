@@ -38,7 +38,7 @@ from torch import nn
 from parlab.models.transformer import next_token_loss
 from parlab.checks import check_count, check_positive_number
 
-__all__ = ["LlamaConfig", "Llama", "RMSNorm", "count_llama_parameters", "build_llama",
+__all__ = ["LlamaConfig", "Llama", "RMSNorm", "SwiGLU", "count_llama_parameters", "build_llama",
            "rotary_cos_sin", "apply_rotary"]
 
 _SIZES = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "context")
@@ -201,9 +201,9 @@ class LlamaAttention(nn.Module):
 class SwiGLU(nn.Module):
     """The feed-forward layer: ``down(silu(gate(x)) * up(x))``, d_model -> d_ff -> d_model."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         super().__init__()
-        d, f, bias = config.d_model, config.d_ff, config.mlp_bias
+        d, f = d_model, d_ff
         self.gate_proj = nn.Linear(d, f, bias=bias)
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
@@ -220,7 +220,7 @@ class LlamaBlock(nn.Module):
         self.attn_norm = RMSNorm(config.d_model, config.rms_norm_eps)
         self.attn = LlamaAttention(config)
         self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
-        self.mlp = SwiGLU(config)
+        self.mlp = SwiGLU(config.d_model, config.d_ff, config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))

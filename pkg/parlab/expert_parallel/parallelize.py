@@ -1,0 +1,42 @@
+"""``apply_expert_parallel``: give every MoE layer of a model its rank's experts.
+
+As torchtitan's ``apply_*`` functions do, it changes the model in place and composes with
+the other strategies: the router and any shared expert stay replicated (their gradients are
+data-parallel gradients, summed over the ranks that hold them), while each routed expert
+now exists on one rank of the expert-parallel group only, which is where every gradient of
+it arrives through the all-to-all's backward pass.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from parlab.expert_parallel.dispatch import AllToAllDispatcher
+from parlab.models import MoE
+
+__all__ = ["apply_expert_parallel", "local_experts"]
+
+
+def local_experts(n_experts: int, ep: int, rank: int) -> range:
+    """The global ids of the experts rank ``rank`` of an ``ep``-rank group holds."""
+    if n_experts % ep:
+        raise ValueError(f"n_experts={n_experts} does not split over ep={ep} ranks; the "
+                         f"expert-parallel degree must divide the number of experts")
+    per = n_experts // ep
+    return range(rank * per, (rank + 1) * per)
+
+
+def apply_expert_parallel(model: nn.Module, group=None, layout: str = "uneven") -> nn.Module:
+    """Keep, in every :class:`~parlab.models.MoE` of ``model``, only this rank's experts, and
+    route through an all-to-all over ``group`` (None: every rank). Returns ``model``."""
+    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no MoE layer to parallelize")
+    for layer in layers:
+        ids = local_experts(layer.config.n_experts, ep, rank)
+        layer.experts = nn.ModuleList(layer.experts[i] for i in ids)
+        layer.dispatcher = AllToAllDispatcher(layer.experts, layer.config.n_experts, group,
+                                              layout)
+    return model
