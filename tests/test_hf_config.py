@@ -14,7 +14,8 @@ from parlab.models import (
 
 #: Totals as published (model cards, or ``sum(p.numel())`` of the Hugging Face checkpoint).
 PUBLISHED = {"gpt2": 124_439_808, "Llama-2-7B": 6_738_415_616, "Llama-3-8B": 8_030_261_248,
-             "Llama-3.2-1B": 1_235_814_400, "Mistral-7B": 7_241_732_096}
+             "Llama-3.2-1B": 1_235_814_400, "Mistral-7B": 7_241_732_096,
+             "Mixtral-8x7B": 46_702_792_704}
 
 SMALL = LlamaConfig("small", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab=64,
                     context=16)
@@ -215,7 +216,7 @@ def test_bad_configs_are_clear_errors():
         from_hf_config({"model_type": "bert"})
     with pytest.raises(ValueError, match="unsupported model_type None"):
         from_hf_config({"hidden_size": 4096})
-    assert set(SUPPORTED_MODEL_TYPES) == {"gpt2", "llama", "mistral"}
+    assert set(SUPPORTED_MODEL_TYPES) == {"gpt2", "llama", "mistral", "mixtral"}
     llama = HF_PRESETS["Llama-3-8B"]
     missing = {k: v for k, v in llama.items() if k != "intermediate_size"}
     with pytest.raises(ValueError, match="llama config 'llama' is missing the required field "

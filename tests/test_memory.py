@@ -159,12 +159,12 @@ def test_explorers_offer_the_hf_presets(capsys):
     """The calculator and the planner list the Llama/Mistral presets and draw them."""
     import matplotlib
     matplotlib.use("Agg", force=True)
-    from parlab.models import HF_CONFIGS
+    from parlab.models import DENSE_HF_CONFIGS
     from parlab.viz.widgets.memory import draw_memory, memory_explorer
     from parlab.viz.widgets.planner import draw_plan, planner_explorer
 
     for make in (memory_explorer, planner_explorer):
-        assert set(HF_CONFIGS) <= set(make().controls["model"].options), make.__name__
+        assert set(DENSE_HF_CONFIGS) <= set(make().controls["model"].options), make.__name__
     # Llama-3-8B, bf16 + Adam: 8.03 B parameters x 16 B over tp 2 x pp 2 is about 32 GB of
     # model states per GPU, so the table's parameters row is 2 B x 8.03 B / 4 = 4.02 GB
     assert draw_memory("Llama-3-8B", "bf16", "adam", 8, 8192, 80, 2, 2) is not None

@@ -140,3 +140,37 @@ def test_router_output_of_the_wrong_shape_is_named():
         route(torch.zeros(3, 4), 5)
     with pytest.raises(ValueError, match="do not split into groups=5"):
         MoE(MoEConfig(8, 16, 4))(torch.zeros(12, 8), groups=5)
+
+
+def test_mixtral_counts_are_the_published_ones():
+    """Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1, config.json): 46,702,792,704 parameters, of
+    which 12,879,925,248 serve each token (2 of 8 experts, plus attention, router, norms and
+    both embedding matrices), as the published checkpoint and model card give them."""
+    from parlab.models import build_model, count_parameters
+    counts = count_parameters("Mixtral-8x7B")
+    assert counts["total"] == 46_702_792_704 and counts["active"] == 12_879_925_248
+    meta = build_model("Mixtral-8x7B", device="meta")  # the module, built on shapes only
+    assert sum(p.numel() for p in meta.parameters()) == counts["total"]
+    assert len(list(meta.parameters())) == counts["tensors"]
+
+
+def test_a_small_mixtral_trains_and_counts_what_it_builds():
+    from parlab.models import build_model, count_parameters, get_config
+    small = get_config("Mixtral-8x7B").replace(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                               d_ff=48, vocab=64, n_experts=4,
+                                               experts_per_token=2)
+    model = build_model(small)
+    counts = count_parameters(small)
+    assert sum(p.numel() for p in model.parameters()) == counts["total"]
+    per_expert = 3 * 32 * 48
+    assert counts["total"] - counts["active"] == 2 * (4 - 2) * per_expert
+    ids = torch.randint(0, 64, (2, 8))
+    model.loss(ids, ids).backward()
+    assert all(p.grad is not None for p in model.blocks[0].mlp.router.parameters())
+    with pytest.raises(ValueError, match="n_experts=4, 2 per token.*dense"):
+        from parlab import memory
+        memory.estimate(small, (2, 8))
+    with pytest.raises(ValueError, match="experts_per_token=2 needs n_experts"):
+        small.replace(n_experts=0)
+    with pytest.raises(ValueError, match="top_k=5 is larger than n_experts=4"):
+        small.replace(experts_per_token=5)

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from parlab.expert_parallel.all_to_all import all_to_all
 
 __all__ = ["AllToAllDispatcher", "LAYOUTS"]
@@ -33,41 +31,43 @@ __all__ = ["AllToAllDispatcher", "LAYOUTS"]
 LAYOUTS = ("uneven", "capacity")
 
 
-class AllToAllDispatcher(nn.Module):
-    """Runs this rank's ``experts`` (global ids ``first .. first + len(experts) - 1`` of
-    ``n_experts``) on the assignments every rank of ``group`` routes to them."""
+class AllToAllDispatcher:
+    """Runs this rank's experts (the layer passes them: on rank r of ``group``, global ids
+    ``r E_local .. (r + 1) E_local - 1`` of ``n_experts``) on the assignments every rank of
+    ``group`` routes to them."""
 
-    def __init__(self, experts: nn.ModuleList, n_experts: int, group=None, layout: str = "uneven"):
-        super().__init__()
+    def __init__(self, n_experts: int, group=None, layout: str = "uneven"):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
-        self.experts, self.n_experts, self.group, self.layout = experts, n_experts, group, layout
+        self.n_experts, self.group, self.layout = n_experts, group, layout
         self.size = dist.get_world_size(group)
 
-    def forward(self, x, experts, slot, kept, capacity=None):
-        k = experts.shape[1]
-        flat = experts.reshape(-1)
+    def __call__(self, experts, x, choices, slot, kept, capacity=None):
+        k = choices.shape[1]
+        flat = choices.reshape(-1)
         rows = torch.nonzero(kept.reshape(-1)).squeeze(1)
         rows = rows[torch.argsort(flat[rows], stable=True)]   # by expert, then queue order
         if self.layout == "uneven":
-            back = self._uneven(x[rows // k], flat[rows])
+            back = self._uneven(experts, x[rows // k], flat[rows])
         else:
-            back = self._capacity(x[rows // k], flat[rows], slot.reshape(-1)[rows], capacity)
+            back = self._capacity(experts, x[rows // k], flat[rows], slot.reshape(-1)[rows],
+                                  capacity)
         y = x.new_zeros(flat.numel(), x.shape[-1]).index_copy(0, rows, back)
-        return y.view(*experts.shape, -1)
+        return y.view(*choices.shape, -1)
 
-    def _run_local(self, received, local_ids):
+    @staticmethod
+    def _run_local(experts, received, local_ids):
         """Every local expert on its rows, even on none: the backward pass then reaches both
         all-to-alls on every rank, as a collective must (a rank that received no rows and
         skipped its experts would skip the backward all-to-alls the others wait in)."""
         out = torch.zeros_like(received)
-        for e, expert in enumerate(self.experts):
+        for e, expert in enumerate(experts):
             idx = torch.nonzero(local_ids == e).squeeze(1)
             out = out.index_copy(0, idx, expert(received[idx]))
         return out
 
-    def _uneven(self, send, expert_ids):
-        n, n_local = self.size, len(self.experts)
+    def _uneven(self, experts, send, expert_ids):
+        n, n_local = self.size, len(experts)
         per_expert = torch.bincount(expert_ids, minlength=self.n_experts)
         counts = torch.empty_like(per_expert)
         dist.all_to_all_single(counts, per_expert, group=self.group)
@@ -76,20 +76,20 @@ class AllToAllDispatcher(nn.Module):
         output_splits = counts.sum(1).tolist()
         received = all_to_all(send, output_splits, input_splits, self.group)
         local_ids = torch.arange(n_local).repeat(n).repeat_interleave(counts.reshape(-1))
-        out = self._run_local(received, local_ids)
+        out = self._run_local(experts, received, local_ids)
         return all_to_all(out, input_splits, output_splits, self.group)
 
-    def _capacity(self, send, expert_ids, slots, capacity):
+    def _capacity(self, experts, send, expert_ids, slots, capacity):
         if capacity is None:
             raise ValueError("the 'capacity' layout sends fixed buffers of experts x capacity "
                              "rows, so it needs MoEConfig.capacity_factor; layout='uneven' "
                              "keeps every token without one")
-        n, n_local = self.size, len(self.experts)
+        n, n_local = self.size, len(experts)
         place = expert_ids * capacity + slots                 # row in this rank's buffer
         buffer = send.new_zeros(self.n_experts * capacity, send.shape[-1])
         buffer = buffer.index_copy(0, place, send)
         splits = [n_local * capacity] * n
         received = all_to_all(buffer, splits, splits, self.group)
         local_ids = torch.arange(n_local).repeat_interleave(capacity).repeat(n)
-        out = self._run_local(received, local_ids)
+        out = self._run_local(experts, received, local_ids)
         return all_to_all(out, splits, splits, self.group)[place]

@@ -37,6 +37,5 @@ def apply_expert_parallel(model: nn.Module, group=None, layout: str = "uneven") 
     for layer in layers:
         ids = local_experts(layer.config.n_experts, ep, rank)
         layer.experts = nn.ModuleList(layer.experts[i] for i in ids)
-        layer.dispatcher = AllToAllDispatcher(layer.experts, layer.config.n_experts, group,
-                                              layout)
+        layer.dispatcher = AllToAllDispatcher(layer.config.n_experts, group, layout)
     return model

@@ -17,9 +17,11 @@ of parlab (``checks``, ``hardware``).
 from parlab.models.transformer import (
     CONFIGS, GPT, GPT2_SMALL, GPT3_175B, GPT3_6_7B, MLP, TINY, TransformerConfig
 )
-from parlab.models.llama import Llama, LlamaConfig, RMSNorm, SwiGLU
+from parlab.models.ffn import SwiGLU
+from parlab.models.llama import Llama, LlamaConfig, RMSNorm
 from parlab.models.hf import (
-    build_model, count_parameters, from_hf_config, get_config, HF_CONFIGS, HF_PRESETS,
+    build_model, count_parameters, DENSE_HF_CONFIGS, from_hf_config, get_config, HF_CONFIGS,
+    HF_PRESETS,
     SUPPORTED_MODEL_TYPES
 )
 from parlab.models.book_mlp import (
@@ -41,7 +43,7 @@ from parlab.models.compute import (
 
 __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
            "get_config", "GPT2_SMALL", "GPT3_6_7B", "GPT3_175B", "TINY", "LlamaConfig", "Llama",
-           "RMSNorm", "from_hf_config", "HF_PRESETS", "HF_CONFIGS", "SUPPORTED_MODEL_TYPES",
+           "RMSNorm", "from_hf_config", "HF_PRESETS", "HF_CONFIGS", "DENSE_HF_CONFIGS", "SUPPORTED_MODEL_TYPES",
            "BookMLP", "ACTIVATIONS", "BOOK_NAMES", "book_table", "bytes_by_scaling", "held_bytes",
            "tensor_bytes", "SmallCNN", "LayerProfile", "profile", "share_by_kind",
            "communication_per_layer", "MFU", "FLOPS_PER_PARAMETER_TOKEN", "training_flops",

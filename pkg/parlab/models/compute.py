@@ -130,6 +130,8 @@ def block_matmuls(config, tp: int = 1) -> list[tuple[int, int]]:
     check_count("tp", tp, "tensor-parallel ranks")
     d, ff, heads = config.d_model, config.d_ff, config.n_heads
     llama = isinstance(config, LlamaConfig)
+    if llama:
+        config.check_dense("block_matmuls")
     kv = config.n_kv_heads if llama else heads
     for name, n in (("heads", heads), ("key/value heads", kv), ("d_ff", ff)):
         if n % tp:

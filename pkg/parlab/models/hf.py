@@ -10,7 +10,9 @@ actually train. ``model_type`` picks the family:
 - ``"llama"`` and ``"mistral"`` (the same shape): a :class:`~parlab.models.llama.LlamaConfig`
   (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads or the number of
   heads, intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings (default
-  False), rope_theta, rms_norm_eps, attention_bias, mlp_bias).
+  False), rope_theta, rms_norm_eps, attention_bias, mlp_bias);
+- ``"mixtral"``: the same, with a mixture of experts in every block (num_local_experts
+  experts of intermediate_size each, num_experts_per_tok per token).
 
 Fields that change no parameter are not kept: ``rope_scaling`` (Llama 3.1+), Mistral's
 ``sliding_window`` (the built model attends to the whole context), dropout, token ids.
@@ -34,7 +36,7 @@ from torch import nn
 from parlab.models.llama import LlamaConfig, build_llama, count_llama_parameters
 from parlab.models.transformer import CONFIGS, TransformerConfig, build_gpt, count_gpt_parameters
 
-__all__ = ["from_hf_config", "HF_PRESETS", "HF_CONFIGS", "get_config", "count_parameters",
+__all__ = ["from_hf_config", "HF_PRESETS", "HF_CONFIGS", "DENSE_HF_CONFIGS", "get_config", "count_parameters",
            "build_model", "SUPPORTED_MODEL_TYPES"]
 
 #: The published config.json of a few models (huggingface.co/<repo>/blob/main/config.json),
@@ -73,6 +75,13 @@ HF_PRESETS: dict[str, dict] = {
         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
         "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000},
+    "Mixtral-8x7B": {  # mistralai/Mixtral-8x7B-v0.1
+        "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+        "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "num_local_experts": 8, "rms_norm_eps": 1e-05,
+        "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000},
 }
 
 
@@ -93,7 +102,7 @@ def _llama(cfg: dict, name: str, need, opt) -> LlamaConfig:
         opt("num_key_value_heads", heads), need("intermediate_size"), need("vocab_size"),
         need("max_position_embeddings"), opt("tie_word_embeddings", False),
         opt("rope_theta", 10000.0), opt("rms_norm_eps", 1e-6), opt("attention_bias", False),
-        opt("mlp_bias", False))
+        opt("mlp_bias", False), *_experts(cfg, need))
     head_dim = opt("head_dim", config.d_head)
     if head_dim != config.d_head:
         raise ValueError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads "
@@ -101,7 +110,14 @@ def _llama(cfg: dict, name: str, need, opt) -> LlamaConfig:
     return config
 
 
-_PARSERS = {"gpt2": _gpt2, "llama": _llama, "mistral": _llama}
+def _experts(cfg: dict, need) -> tuple[int, int]:
+    """(n_experts, experts_per_token) of a Mixtral config; (0, 0) for a dense one."""
+    if cfg.get("model_type") != "mixtral":
+        return 0, 0
+    return need("num_local_experts"), need("num_experts_per_tok")
+
+
+_PARSERS = {"gpt2": _gpt2, "llama": _llama, "mistral": _llama, "mixtral": _llama}
 #: The ``model_type`` values :func:`from_hf_config` reads.
 SUPPORTED_MODEL_TYPES = tuple(_PARSERS)
 
@@ -157,6 +173,8 @@ def from_hf_config(config: dict | str | os.PathLike,
 #: :data:`HF_PRESETS` parsed, by the same names; kept apart from ``CONFIGS`` (GPTs only).
 HF_CONFIGS: dict[str, TransformerConfig | LlamaConfig] = {
     n: from_hf_config(cfg, name=n) for n, cfg in HF_PRESETS.items()}
+#: The dense ones: what the memory and speed calculators model so far (not Mixtral's experts).
+DENSE_HF_CONFIGS = {n: c for n, c in HF_CONFIGS.items() if not getattr(c, "n_experts", 0)}
 
 
 def get_config(name) -> TransformerConfig | LlamaConfig:
@@ -184,7 +202,7 @@ def count_parameters(config: TransformerConfig | LlamaConfig | str) -> dict[str,
 
     The same keys for every family: ``attention``, ``feed_forward``, ``layer_norms``,
     ``block``, ``blocks``, ``token_embedding``, ``position_embedding``, ``final_norm``,
-    ``lm_head``, ``total``, ``tensors`` (see ``count_gpt_parameters`` and
+    ``lm_head``, ``total``, ``active`` (what one token uses), ``tensors`` (see ``count_gpt_parameters`` and
     ``count_llama_parameters`` for what each holds).
     """
     config = get_config(config)

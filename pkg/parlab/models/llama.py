@@ -37,8 +37,10 @@ from torch import nn
 
 from parlab.models.transformer import next_token_loss
 from parlab.checks import check_count, check_positive_number
+from parlab.models.ffn import SwiGLU
+from parlab.models.moe import MoE, MoEConfig
 
-__all__ = ["LlamaConfig", "Llama", "RMSNorm", "SwiGLU", "count_llama_parameters", "build_llama",
+__all__ = ["LlamaConfig", "Llama", "RMSNorm", "count_llama_parameters", "build_llama",
            "rotary_cos_sin", "apply_rotary"]
 
 _SIZES = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "context")
@@ -61,6 +63,8 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6
     attention_bias: bool = False
     mlp_bias: bool = False
+    n_experts: int = 0           # 0: a dense feed-forward layer; else a mixture of experts,
+    experts_per_token: int = 0   # each d_ff wide, of which every token uses this many
 
     def __post_init__(self):
         for f in _SIZES:
@@ -81,6 +85,28 @@ class LlamaConfig:
         for f in ("tied_embeddings", "attention_bias", "mlp_bias"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"{f} must be True or False, got {getattr(self, f)!r}")
+        if self.n_experts:
+            self.moe_config()  # checks n_experts and experts_per_token together
+            if self.mlp_bias:
+                raise ValueError(f"{self.name}: the experts built here have no biases "
+                                 f"(mlp_bias=False)")
+        elif self.experts_per_token:
+            raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} needs "
+                             f"n_experts (0: a dense model)")
+
+    def check_dense(self, what: str) -> None:
+        """A ValueError if this model has experts: ``what`` (a calculator) models dense blocks."""
+        if self.n_experts:
+            raise ValueError(f"{self.name} is a mixture of experts (n_experts={self.n_experts}, "
+                             f"{self.experts_per_token} per token); {what} models dense "
+                             f"feed-forward layers only so far (count_parameters gives its "
+                             f"total and active parameters)")
+
+    def moe_config(self) -> MoEConfig:
+        """Each block's feed-forward layer as a mixture of experts (softmax top-k, renormalized
+        gates: Mixtral's router)."""
+        return MoEConfig(self.d_model, self.d_ff, self.n_experts, self.experts_per_token,
+                         "topk")
 
     @property
     def d_head(self) -> int:
@@ -108,12 +134,18 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
     RMSNorm weights (2 d); ``block`` = their sum; ``blocks`` = n_layers blocks. Outside the
     blocks: ``token_embedding`` (vocab d), ``position_embedding`` (0: RoPE has no
     parameters), ``final_norm`` (d) and ``lm_head`` (0 when tied, else vocab d). ``total`` is
-    all of it; ``tensors`` is how many parameter tensors the model has.
+    all of it; ``tensors`` is how many parameter tensors the model has. With ``n_experts``,
+    ``feed_forward`` is every expert plus the router (``d x n_experts``), and ``active`` (what
+    one token uses: everything but the experts it did not choose, the embedding and the
+    output layer included) is ``total`` less ``n_layers (n_experts - experts_per_token)``
+    experts; without experts ``active`` is ``total``.
     """
     c = config
     d, f, kv = c.d_model, c.d_ff, c.d_kv
     attention = 2 * d * d + 2 * d * kv + (2 * d + 2 * kv if c.attention_bias else 0)
-    feed_forward = 3 * d * f + (2 * f + d if c.mlp_bias else 0)
+    expert = 3 * d * f + (2 * f + d if c.mlp_bias else 0)
+    experts = max(c.n_experts, 1)
+    feed_forward = experts * expert + (d * c.n_experts if c.n_experts else 0)  # + the router
     layer_norms = 2 * d
     block = attention + feed_forward + layer_norms
     counts = {
@@ -129,7 +161,10 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
     }
     counts["total"] = sum(counts[k] for k in ("blocks", "token_embedding", "position_embedding",
                                               "final_norm", "lm_head"))
-    per_block = 4 * (2 if c.attention_bias else 1) + 3 * (2 if c.mlp_bias else 1) + 2
+    unused = (c.n_experts - c.experts_per_token) * expert if c.n_experts else 0
+    counts["active"] = counts["total"] - c.n_layers * unused
+    per_block = (4 * (2 if c.attention_bias else 1) + 3 * (2 if c.mlp_bias else 1) * experts + 2
+                 + (1 if c.n_experts else 0))
     counts["tensors"] = per_block * c.n_layers + 2 + (0 if c.tied_embeddings else 1)
     return counts
 
@@ -198,20 +233,6 @@ class LlamaAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-class SwiGLU(nn.Module):
-    """The feed-forward layer: ``down(silu(gate(x)) * up(x))``, d_model -> d_ff -> d_model."""
-
-    def __init__(self, d_model: int, d_ff: int, bias: bool = False):
-        super().__init__()
-        d, f = d_model, d_ff
-        self.gate_proj = nn.Linear(d, f, bias=bias)
-        self.up_proj = nn.Linear(d, f, bias=bias)
-        self.down_proj = nn.Linear(f, d, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class LlamaBlock(nn.Module):
     """Pre-norm decoder block: x + attn(attn_norm(x)), then + mlp(mlp_norm(.))."""
 
@@ -220,7 +241,8 @@ class LlamaBlock(nn.Module):
         self.attn_norm = RMSNorm(config.d_model, config.rms_norm_eps)
         self.attn = LlamaAttention(config)
         self.mlp_norm = RMSNorm(config.d_model, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.d_model, config.d_ff, config.mlp_bias)
+        self.mlp = (MoE(config.moe_config(), seed=None) if config.n_experts
+                    else SwiGLU(config.d_model, config.d_ff, config.mlp_bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))

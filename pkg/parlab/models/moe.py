@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parlab.checks import check_choice, check_count, check_positive_number
-from parlab.models.llama import SwiGLU
+from parlab.models.ffn import SwiGLU
 
 __all__ = ["ROUTERS", "MoEConfig", "Routing", "route", "expert_capacity", "assign_slots",
            "Router", "LocalExperts", "MoE", "RoutingStats"]
@@ -175,24 +175,21 @@ class RoutingStats(NamedTuple):
         return int((~self.kept).sum())
 
 
-class LocalExperts(nn.Module):
-    """The dispatcher that runs every expert here: ``y[t, j] = expert_{e}(x_t)`` for kept
-    assignments, 0 for dropped ones (T x k x d)."""
+class LocalExperts:
+    """The dispatcher that runs every expert here: ``y[t, j] = experts[e](x_t)`` for kept
+    assignments, 0 for dropped ones (T x k x d). A dispatcher holds no weights (the layer
+    passes its ``experts``), so the layer's parameter names stay ``experts.<i>.*``."""
 
-    def __init__(self, experts: nn.ModuleList):
-        super().__init__()
-        self.experts = experts
-
-    def forward(self, x, experts, slot, kept, capacity=None):
-        flat = experts.reshape(-1)
+    def __call__(self, experts, x, choices, slot, kept, capacity=None):
+        flat = choices.reshape(-1)
         use = kept.reshape(-1)
         y = x.new_zeros(flat.numel(), x.shape[-1])
-        tokens = torch.arange(x.shape[0], device=x.device).repeat_interleave(experts.shape[1])
-        for e, expert in enumerate(self.experts):
+        tokens = torch.arange(x.shape[0], device=x.device).repeat_interleave(choices.shape[1])
+        for e, expert in enumerate(experts):
             rows = torch.nonzero((flat == e) & use).squeeze(1)
             if rows.numel():
                 y = y.index_copy(0, rows, expert(x[tokens[rows]]))
-        return y.view(*experts.shape, -1)
+        return y.view(*choices.shape, -1)
 
 
 class MoE(nn.Module):
@@ -213,7 +210,7 @@ class MoE(nn.Module):
                                      for _ in range(config.n_experts))
         self.shared = (SwiGLU(config.d_model, config.d_ff * config.shared_experts)
                        if config.shared_experts else None)
-        self.dispatcher = LocalExperts(self.experts)
+        self.dispatcher = LocalExperts()
         self.last: RoutingStats | None = None
 
     def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
@@ -227,7 +224,7 @@ class MoE(nn.Module):
         slots, kept = zip(*(assign_slots(e, c.n_experts, capacity)
                             for e in routing.experts.split(per_group)))
         slot, kept = torch.cat(slots), torch.cat(kept)
-        y = self.dispatcher(x, routing.experts, slot, kept, capacity)
+        y = self.dispatcher(self.experts, x, routing.experts, slot, kept, capacity)
         out = (routing.gates.unsqueeze(-1) * y).sum(1)
         if self.shared is not None:
             out = out + self.shared(x)

@@ -110,7 +110,8 @@ def count_gpt_parameters(config: TransformerConfig) -> dict[str, int]:
     two LayerNorms (4 d); ``block`` = their sum. ``blocks`` = n_layers blocks. Outside the
     blocks: ``token_embedding`` (vocab d), ``position_embedding`` (context d), ``final_norm``
     (2 d) and ``lm_head`` (0 when tied to the token embedding, else vocab d). ``total`` is all
-    of it; ``tensors`` is how many parameter tensors the model has.
+    of it (``active``, what one token uses, is the same: a GPT has no experts); ``tensors`` is
+    how many parameter tensors the model has.
     """
     c = config
     d, f = c.d_model, c.d_ff
@@ -131,6 +132,7 @@ def count_gpt_parameters(config: TransformerConfig) -> dict[str, int]:
     }
     counts["total"] = sum(counts[k] for k in ("blocks", "token_embedding", "position_embedding",
                                               "final_norm", "lm_head"))
+    counts["active"] = counts["total"]  # every parameter serves every token (no experts)
     counts["tensors"] = 16 * c.n_layers + 4 + (0 if c.tied_embeddings else 1)
     return counts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory import expected_waste, failure_cost, training_cost, waste_curve, young_interval
 from parlab.memory import OPTIMIZERS, PRECISIONS, estimate, min_gpus
-from parlab.models import CONFIGS, HF_CONFIGS, get_config
+from parlab.models import CONFIGS, DENSE_HF_CONFIGS, get_config
 from parlab.viz.explorer import Explorer, explore
 
 __all__ = ["draw_memory", "memory_explorer", "draw_energy", "energy_explorer"]
@@ -44,7 +44,7 @@ def memory_explorer(model: str = "GPT-2 small", precision: str = "fp32",
     pick = lambda name, options, value: w.Dropdown(options=options, value=value,
                                                    description=name)
     controls = {
-        "model": pick("model", list(CONFIGS) + list(HF_CONFIGS), model),
+        "model": pick("model", list(CONFIGS) + list(DENSE_HF_CONFIGS), model),
         "precision": pick("precision", list(PRECISIONS), precision),
         "optimizer": pick("optimizer", list(OPTIMIZERS), optimizer),
         "batch": pick("batch", [1, 2, 4, 8, 16, 32, 64], batch),

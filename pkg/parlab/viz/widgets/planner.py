@@ -43,12 +43,12 @@ def planner_explorer(model: str = "GPT-3 175B", gpus: int = 1024, gpu_gb: float 
     """Model, GPU count, GPU memory, NIC speed and NVLink speed over the planner's verdict."""
     import ipywidgets as w
 
-    from parlab.models import CONFIGS, HF_CONFIGS
+    from parlab.models import CONFIGS, DENSE_HF_CONFIGS
 
     pick = lambda name, options, value: w.Dropdown(options=options, value=value,
                                                    description=name)
     controls = {
-        "model": pick("model", [n for n in (*CONFIGS, *HF_CONFIGS) if n != "tiny"], model),
+        "model": pick("model", [n for n in (*CONFIGS, *DENSE_HF_CONFIGS) if n != "tiny"], model),
         "gpus": pick("GPUs", [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], gpus),
         "gpu_gb": pick("GPU GB", [24, 40, 80, 94, 141, 192], gpu_gb),
         "nic_gbps": pick("NIC Gb/s", [100, 200, 400, 800], nic_gbps),
