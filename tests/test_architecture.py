@@ -41,7 +41,7 @@ LAYERS = [("units", "checks", "hardware", "progress"), "launch", "comm", "models
 #: named too, in case a lower layer re-exports one. ``test_rank_starters_are_all_listed`` keeps
 #: the list complete.
 RANK_STARTERS = frozenset({
-    "run", "run_with_traffic", "execute", "pipeline_data_parallel", "torch_pipelining", "run_3d",
+    "run", "run_with_traffic", "execute", "run_expert_data", "pipeline_data_parallel", "torch_pipelining", "run_3d",
     "train", "train_zero", "train_fsdp", "train_stages", "launch_spec", "measure_traffic", "traffic_table",
     "layer_traffic", "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn",
     "run_layer_strategy", "run_mlp", "run_embedding", "run_figure_8_2", "stage_table",

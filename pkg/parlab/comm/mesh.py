@@ -164,6 +164,42 @@ class Mesh:
                 set_label(group, label(kind, self.coordinates(first)))
         return mesh
 
+    def expert_ranks(self, ep: int) -> dict[str, list[list[int]]]:
+        """The expert-parallel groups carved out of the data-parallel ones, as rank lists.
+
+        Along each ``data`` line, consecutive runs of ``ep`` ranks form an ``expert`` group
+        (they split the experts among them); the ranks at the same place in every run hold
+        the same experts and form an ``expert_data`` group, over which those experts'
+        gradients are summed (Megatron's expert-data-parallel group). dp = 4, ep = 2 on
+        ranks 0-3: experts {0, 1} and {2, 3}; expert-data {0, 2} and {1, 3}.
+        """
+        check_count("ep", ep, "expert-parallel ranks")
+        if self.dp % ep:
+            raise ValueError(f"ep={ep} must divide dp={self.dp}: the expert groups are carved "
+                             f"out of the data-parallel ranks")
+        expert, expert_data = [], []
+        for line in self.group_ranks("data"):
+            runs = [list(line[i:i + ep]) for i in range(0, len(line), ep)]
+            expert += runs
+            expert_data += [list(column) for column in zip(*runs)]
+        return {"expert": expert, "expert_data": expert_data}
+
+    def build_expert_groups(self, ep: int) -> dict:
+        """This rank's ``expert`` and ``expert_data`` process groups (:meth:`expert_ranks`),
+        labelled so on the toy backend. Collective: call it on every rank, in the same order."""
+        backend = dist.get_backend()
+        mine, rank = {}, dist.get_rank()
+        for kind, lines in self.expert_ranks(ep).items():
+            options = {}
+            if backend == "toy":
+                from parlab.comm.toy import ToyOptions
+                options = {"backend": "toy", "pg_options": ToyOptions(label=kind)}
+            for ranks in lines:
+                group = dist.new_group(ranks, **options)
+                if rank in ranks:
+                    mine[kind] = group
+        return mine
+
     def groups(self, device_mesh) -> dict:
         """This rank's process group of each kind (``"tensor"``, ...), from :meth:`build`'s mesh."""
         return {kind: device_mesh[dim].get_group() for dim, kind in MESH_DIMS.items()}

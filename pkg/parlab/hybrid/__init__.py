@@ -7,7 +7,9 @@ lists what it takes as given; ``explain`` says why the winner wins, in words),
 (a real 2 x 2 x 2 job equal to one process), ``pipeline_data`` (Figure 8-14: pipelines
 replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the
 slides' CNN advice measured, and a data + tensor parallel step run), ``zero_tensor`` (ZeRO
-over the copies of a tensor-parallel MLP). The slides' summary and
+over the copies of a tensor-parallel MLP), ``expert_data`` (experts split over ``ep`` ranks
+inside ``dp`` data-parallel ones, each expert's gradient summed over its holders). The
+slides' summary and
 the copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
 (:mod:`parlab.experiments`). This is the only layer that combines strategies: each hybrid
 run builds a ``DeviceMesh`` and applies the strategies' own functions on its dimensions;
@@ -28,10 +30,12 @@ from parlab.hybrid.cnn import (
 )
 from parlab.hybrid.cnn_step import hybrid_step
 from parlab.hybrid.zero_tensor import run_zero_tensor, ZeroTensorRun
+from parlab.hybrid.expert_data import expert_data_rank, ExpertDataRun, MoEBlock, run_expert_data
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
            "Run3D", "run_3d", "HybridRun", "pipeline_data_parallel", "SyncPair", "SYNC_FORMAT",
            "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
            "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "run_zero_tensor",
-           "ZeroTensorRun", "Placement", "placement", "CnnCommunication", "cnn_communication"]
+           "ZeroTensorRun", "Placement", "placement", "CnnCommunication", "cnn_communication",
+           "run_expert_data", "ExpertDataRun", "expert_data_rank", "MoEBlock"]
