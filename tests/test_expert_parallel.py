@@ -9,7 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parlab.expert_parallel import all_to_all, apply_expert_parallel, local_experts
+from parlab.expert_parallel import (
+    all_to_all, apply_expert_parallel, dispatch_bytes, local_experts, routed_bytes,
+    tensor_parallel_expert_bytes
+)
 from parlab.launch import RankError, run
 from parlab.models import MoE, MoEConfig
 
@@ -189,6 +192,10 @@ def test_expert_dispatch_bytes_follow_the_routing(n):
         for e in experts[kept].tolist():
             if owner[e] != src:
                 want[src, owner[e]] = want.get((src, owner[e]), 0) + D * 4
+    for src, (experts, kept) in enumerate(record):  # the package's count says the same
+        sent = routed_bytes(experts, kept, 4, n, D)
+        assert {(src, dst): b for dst, b in enumerate(sent) if b and dst != src} == \
+            {key: b for key, b in want.items() if key[0] == src}
     for call, direction in ((calls[1], 1), (calls[2], -1)):
         got = {}
         for t in log.filter(call=call).records:
@@ -196,3 +203,20 @@ def test_expert_dispatch_bytes_follow_the_routing(n):
         assert got == want
     counts = log.filter(call=calls[0]).records  # E_local int64 counts to every other rank
     assert {t.nbytes for t in counts} == {8 * 4 // n} and len(counts) == n * (n - 1)
+
+
+def test_expert_dispatch_closed_form_and_what_sending_once_per_rank_saves():
+    # an even routing: 8 tokens, top-2, 4 experts on 2 ranks, every expert chosen 4 times
+    experts = torch.tensor([[0, 2], [1, 3], [2, 0], [3, 1]] * 2)
+    kept = torch.ones_like(experts, dtype=torch.bool)
+    sent = routed_bytes(experts, kept, 4, 2, D)
+    # k T d b (n-1)/n: 2 x 8 x 8 x 4 x 1/2 bytes leave rank 0 (the rest stays home)
+    assert sent[1] == dispatch_bytes(8, 2, D, 2) == 2 * 8 * D * 4 // 2
+    # both choices on rank 1 (experts 2 and 3): sent once per rank, the token travels once
+    twice = torch.tensor([[2, 3], [0, 1], [2, 0]])
+    naive = routed_bytes(twice, torch.ones_like(twice, dtype=torch.bool), 4, 2, D)
+    once = routed_bytes(twice, torch.ones_like(twice, dtype=torch.bool), 4, 2, D,
+                        once_per_rank=True)
+    assert naive == [3 * D * 4, 3 * D * 4] and once == [2 * D * 4, 2 * D * 4]
+    # tensor-parallel experts instead: a ring all-reduce of T x d per layer, 2(n-1)/n of it
+    assert tensor_parallel_expert_bytes(8, D, 4) == 2 * 3 / 4 * 8 * D * 4

@@ -17,6 +17,8 @@ reduce-scatter     (n-1) S                     the mirror image of all-gather
 broadcast          (n-1) S                     a chain: each hop carries everything
 reduce             (n-1) S + (n-1) S / n       reduce-scatter, then n-1 slices to the root
 send               S                           one message
+all-to-all         (n-1) S                     each rank's S splits n ways; 1/n stays home
+                                               (S = one rank's buffer, evenly split)
 =================  ==========================  =========================================
 
 Time is the alpha-beta model: a step costs alpha + bytes / bandwidth on its link, and
@@ -40,7 +42,8 @@ ALGORITHMS = ("ring", "naive", "tree")
 
 _RING_FACTORS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
                  "reduce_scatter": lambda n: n - 1, "broadcast": lambda n: n - 1,
-                 "reduce": lambda n: (n - 1) + (n - 1) / n, "send": lambda n: 1}
+                 "reduce": lambda n: (n - 1) + (n - 1) / n, "send": lambda n: 1,
+                 "all_to_all": lambda n: n - 1}
 
 
 def ring_wire_bytes(op: str, payload: float, n: int) -> float:
@@ -122,11 +125,12 @@ def _bus_factor(op: str, n: int) -> float:
 def bus_bandwidth(op: str, nbytes: float, seconds: float, n: int) -> float:
     """Bus bandwidth in bytes/s as nccl-tests defines it: (nbytes / seconds) x factor(op, n).
 
-    The factor is 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, and 1
-    for broadcast, so that bus bandwidth is comparable across rank counts.
+    The factor is 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
+    all-to-all (each rank keeps 1/n of its buffer), and 1 for broadcast, so that bus bandwidth is comparable across rank counts.
     """
-    if op not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+    if op not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
         raise ValueError(f"no bus-bandwidth factor for {op!r}; known: "
-                         f"['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast']")
+                         f"['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', "
+                         f"'all_to_all']")
     check_positive_number("seconds", seconds, "the collective's measured time")
     return nbytes / seconds * _bus_factor(op, n)
