@@ -10,7 +10,9 @@ z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and paramet
 roofline share of that speed a micro-batch of n tokens reaches, and the token count
 from which a product is compute-bound), ``compare``
 (``max_difference``: how far two runs' tensors are apart), ``moe`` (a mixture-of-experts layer:
-three routers, expert capacity and dropping, SwiGLU experts behind a swappable dispatcher). Imports only the bottom modules
+three routers, expert capacity and dropping, SwiGLU experts behind a swappable dispatcher),
+``moe_balance`` (keeping experts evenly loaded: the Switch auxiliary loss and DeepSeek-V3's
+router-bias update, their statistics added up over a process group). Imports only the bottom modules
 of parlab (``checks``, ``hardware``).
 """
 
@@ -35,6 +37,10 @@ from parlab.models.moe import (
     assign_slots, expert_capacity, LocalExperts, MoE, MoEConfig, Router, ROUTERS, route, Routing,
     RoutingStats
 )
+from parlab.models.moe_balance import (
+    assignment_counts, BalancingLoss, BiasUpdate, load_balancing_loss, load_ratio,
+    update_router_bias
+)
 from parlab.models.compute import (
     block_matmul_efficiency, block_matmuls, compute_bound_tokens, FLOPS_PER_PARAMETER_TOKEN,
     FORWARD_FLOPS_PER_PARAMETER_TOKEN, forward_flops, H100_BF16_TFLOPS, matmul_efficiency,
@@ -51,4 +57,5 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
            "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference",
            "MoEConfig", "MoE", "Router", "ROUTERS", "route", "Routing", "RoutingStats",
-           "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU"]
+           "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU", "load_balancing_loss",
+           "BalancingLoss", "update_router_bias", "BiasUpdate", "assignment_counts", "load_ratio"]

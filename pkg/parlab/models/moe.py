@@ -146,7 +146,8 @@ def assign_slots(experts: torch.Tensor, n_experts: int, capacity: int | None):
 
 class Router(nn.Module):
     """``logits = x W_r`` (no bias), then :func:`route`. The DeepSeek router also holds a
-    per-expert ``bias`` buffer (not a parameter: it is set by a rule, not by gradients)."""
+    per-expert ``bias`` buffer (not a parameter: it is set by a rule, not by gradients; the
+    rule is :func:`parlab.models.moe_balance.update_router_bias`)."""
 
     def __init__(self, config: MoEConfig):
         super().__init__()
