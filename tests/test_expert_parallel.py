@@ -13,6 +13,7 @@ from parlab.expert_parallel import (
     all_to_all, apply_expert_parallel, dispatch_bytes, local_experts, routed_bytes,
     tensor_parallel_expert_bytes
 )
+from parlab.experiments import example_layer
 from parlab.launch import RankError, run
 from parlab.models import MoE, MoEConfig
 
@@ -40,12 +41,7 @@ def _data(n, skewed):
 
 
 def _model(config, skewed):
-    moe = MoE(config, seed=0)
-    if skewed:
-        with torch.no_grad():
-            moe.router.gate.weight[0] += 1.0
-            moe.router.gate.weight[-1] = -10.0
-    return moe
+    return example_layer(config, skewed)  # skewed: expert 0's router row raised, the last sunk
 
 
 def _train(moe, x, w, groups, sync=lambda moe: None):

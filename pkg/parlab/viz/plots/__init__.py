@@ -22,6 +22,7 @@ from parlab.viz.plots.tensor_parallel import (
 )
 from parlab.viz.plots.planner import cnn_figure, layouts_figure, placement_figure, traffic_3d_figure
 from parlab.viz.plots.traffic import bytes_per_rank_figure, steps_figure
+from parlab.viz.plots.experts import balance_figure, capacity_figure, dispatch_matrix_figure
 from parlab.viz.plots.sharded import (
     zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
 )
@@ -33,4 +34,5 @@ __all__ = ["show_collective", "before_after", "figure_8_1", "memory_bars",
            "book_attention_figure", "ffn_figure", "attention_bytes_figure", "strategy_figure",
            "memory_figure", "format_bytes", "layouts_figure", "placement_figure", "cnn_figure",
            "traffic_3d_figure", "steps_figure", "bytes_per_rank_figure", "zero_memory_figure",
-           "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "trace_figure"]
+           "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "trace_figure",
+           "dispatch_matrix_figure", "capacity_figure", "balance_figure"]

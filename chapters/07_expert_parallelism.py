@@ -1,0 +1,363 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Beyond the book: mixture of experts and expert parallelism
+#
+# Most large models released since 2024 do not run every weight for every token. In each
+# block, the one feed-forward layer is replaced by several, the **experts**, and a small
+# **router** picks a few of them for each token. The model holds the parameters of all the
+# experts but spends the compute of only a few: Mixtral, DeepSeek-V3, Qwen3-MoE and gpt-oss
+# are built this way.
+#
+# Experts bring a parallelism of their own. Put different experts on different GPUs, and
+# every token must travel to the GPUs of the experts it chose and its results must travel
+# back: two **all-to-all** exchanges per layer, where the earlier chapters had all-reduces
+# and point-to-point sends.
+#
+# In this notebook you will:
+#
+# 1. write out one MoE layer: the router, the top-k choice, the experts, the weighted sum;
+# 2. follow a few tokens through it, and see capacity drop some of them;
+# 3. trade dropped tokens against padding with the capacity factor;
+# 4. split the experts over <span data-glue="ranks">4</span> real ranks, check the result
+#    against one process, and look at every byte of the two all-to-alls;
+# 5. even out a lopsided router, Switch's way and DeepSeek-V3's way;
+# 6. combine expert parallelism with data parallelism;
+# 7. count Mixtral-8x7B, explore the dispatch, and solve four exercises.
+
+# %%
+import torch
+
+from parlab.experiments import EXAMPLE, RANKS, TOKENS
+from parlab.models import MoE, MoEConfig, route
+from parlab.viz import show
+
+print(EXAMPLE)
+print(f"{RANKS} ranks, {TOKENS} tokens each")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.viz import glue
+
+glue("ranks", RANKS)
+glue("tokens", TOKENS)
+glue("experts", EXAMPLE.n_experts)
+glue("top_k", EXAMPLE.top_k)
+glue("d_model", EXAMPLE.d_model)
+
+# %% [markdown]
+# ## 1. One MoE layer, written out
+#
+# The example layer has <span data-glue="experts">4</span> experts, each a SwiGLU MLP like
+# a Llama block's (model width <span data-glue="d_model">8</span>). For a token x, it:
+#
+# 1. **routes**: a linear map scores every expert, `logits = x W_r`, and the token keeps
+#    its top <span data-glue="top_k">2</span>;
+# 2. **keeps what fits**: each expert takes at most `capacity` assignments (section 2);
+# 3. **computes and combines**: `y = Σ_j gate_j · expert_j(x)` over the kept choices.
+#
+# The routers you meet in published models differ only in step 1. On the same four logits:
+
+# %%
+logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+for router, k in (("switch", 1), ("topk", 2), ("deepseek", 2)):
+    r = route(logits, k, router)
+    print(f"{router:>8}: experts {r.experts[0].tolist()}  gates "
+          f"{[round(g, 3) for g in r.gates[0].tolist()]}")
+
+# %% [markdown]
+# - **Switch** (`"switch"`) keeps one expert and scales its output by that expert's softmax
+#   probability, so the gate is below 1.
+# - **GShard, Mixtral, Qwen3** (`"topk"`) keep the top k and rescale their probabilities to
+#   sum to 1.
+# - **DeepSeek-V3** (`"deepseek"`) scores each expert with a sigmoid instead of a softmax,
+#   then normalizes over the chosen. It also adds a per-expert bias, but only when choosing
+#   (section 5).
+#
+# ## 2. A few tokens through the layer
+#
+# **Exercise 07.1 (predict first).** Capacity is counted over each rank's own tokens:
+# `capacity = ceil(k × T × factor / E)`, here with T = <span data-glue="tokens">8</span>
+# tokens, k = <span data-glue="top_k">2</span>, E = <span data-glue="experts">4</span> and
+# a capacity factor of 1.0. How many assignments can one expert take from one rank?
+
+# %%
+from parlab.exercises import check
+
+check("07.1", ...)
+
+# %% [markdown]
+# One rank's <span data-glue="tokens">8</span> tokens, routed. First choices are served
+# before second choices, then in token order, so a token can lose its first choice and keep
+# its second:
+
+# %%
+from parlab.experiments import routing_table
+from parlab.models import expert_capacity
+
+print("capacity per expert and rank:",
+      expert_capacity(TOKENS, EXAMPLE.n_experts, EXAMPLE.top_k, EXAMPLE.capacity_factor))
+table = routing_table()
+print(table.to_string(index=False))
+print("dropped assignments:", int((~table[["kept 1", "kept 2"]]).sum().sum()))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+lost_first = table[~table["kept 1"]]
+glue("lost_first_token", int(lost_first.token.iloc[0]))
+glue("lost_first_expert", int(lost_first["choice 1"].iloc[0]))
+glue("capacity", expert_capacity(TOKENS, EXAMPLE.n_experts, EXAMPLE.top_k,
+                                 EXAMPLE.capacity_factor))
+
+# %% [markdown]
+# Token <span data-glue="lost_first_token">7</span> chose expert
+# <span data-glue="lost_first_expert">2</span> first, but <span data-glue="capacity">4</span>
+# earlier first choices had filled it. A dropped assignment contributes nothing to the token's output. In a real
+# model the residual connection around the layer still carries the token forward.
+#
+# ## 3. The capacity factor: dropped tokens or padded buffers
+#
+# A larger capacity drops fewer assignments. But some dispatch layouts (GShard, Switch) send
+# every expert a buffer of exactly `capacity` rows, so the unused rows travel and are
+# computed on as padding. Over all <span data-glue="ranks">4</span> ranks, for an even router
+# and for one that leans towards expert 0:
+
+# %%
+from parlab.experiments import capacity_sweep
+from parlab.viz.plots import capacity_figure
+
+even_sweep, skewed_sweep = capacity_sweep(), capacity_sweep(skewed=True)
+print(even_sweep.to_string(index=False))
+show(capacity_figure(even_sweep, skewed_sweep))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+by_factor = even_sweep.set_index("capacity factor")
+glue("drop_1", 100 * by_factor.loc[1.0, "dropped"], ".1f")
+glue("drop_15", 100 * by_factor.loc[1.5, "dropped"], ".1f")
+glue("pad_15", 100 * by_factor.loc[1.5, "padding"], ".1f")
+glue("skew_drop_1", 100 * skewed_sweep.set_index("capacity factor").loc[1.0, "dropped"], ".1f")
+
+# %% [markdown]
+# With the even router, a factor of 1.0 drops <span data-glue="drop_1">10.9</span> % of the
+# assignments and 1.5 drops <span data-glue="drop_15">1.6</span> %. At 1.5,
+# <span data-glue="pad_15">34.4</span> % of the fixed buffers' rows are padding. The
+# skewed router drops <span data-glue="skew_drop_1">50.0</span> % even at 1.0: no capacity
+# factor fixes a router that ignores half the experts. Section 5 fixes the router instead.
+#
+# ## 4. Experts on real ranks
+#
+# Now the experts are split: rank r holds expert r. Each rank routes its own
+# <span data-glue="tokens">8</span> tokens, sends every kept assignment to the expert's rank
+# (**dispatch**, one all-to-all), runs its expert on what arrives, and sends the outputs back
+# (**combine**, a second all-to-all). The backward pass runs both exchanges again, in
+# reverse. `run_expert_layer` does one forward and backward pass on the logging toy backend
+# and compares the output, the input gradient and every parameter gradient with one process
+# running the whole layer.
+#
+# **Exercise 07.2 (predict first).** If the load is even, how many bytes does one rank send
+# in one dispatch (fp32, so 4 bytes per value)?
+
+# %%
+check("07.2", ...)
+
+# %%
+from parlab.experiments import run_expert_layer
+from parlab.viz.plots import dispatch_matrix_figure
+
+even = run_expert_layer()
+skewed = run_expert_layer(skewed=True)
+for result in (even, skewed):
+    print(f"skewed={result.skewed}: equal to one process (to 1e-6): {result.max_error < 1e-6}; "
+          f"load per expert {result.load}; dropped {result.dropped}")
+show(dispatch_matrix_figure(even, skewed))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+sent = [sum(row) - row[s] for s, row in enumerate(even.matrix)]
+glue("closed_form", even.closed_form, ".0f")
+glue("sent_min", min(sent))
+glue("sent_max", max(sent))
+glue("skew_idle", sum(1 for load in skewed.load if load == 0))
+
+# %% [markdown]
+# Each cell of the matrix is the toy backend's log of one message. With the even router, each
+# rank sent <span data-glue="sent_min">288</span> to <span data-glue="sent_max">352</span>
+# bytes. The closed form for a perfectly even load, `k·T·d·4·(n−1)/n`, is
+# <span data-glue="closed_form">384</span>. The exact counts follow from the routing, and
+# `routed_bytes` computes them from each rank's choices. With the skewed router,
+# <span data-glue="skew_idle">2</span> experts get no tokens, so their ranks receive
+# nothing: the all-to-all carries splits of zero rows.
+#
+# The count assumes the naive dispatch: a token travels once per chosen expert, even when
+# both its experts live on the same rank. Sending it once per destination rank saves the
+# duplicates. DeepSeek-V3 goes further and sends each token to at most four nodes. And if
+# the experts were split the other way, each expert's matrices cut over the ranks as in
+# chapter 04, no token would move, but every layer would all-reduce its whole output:
+
+# %%
+from parlab.expert_parallel import routed_bytes, tensor_parallel_expert_bytes
+
+twice = torch.tensor([[2, 3], [0, 1], [2, 0]])   # token 0 chose two experts of rank 1
+ones = torch.ones_like(twice, dtype=torch.bool)
+print("naive, bytes to each rank:        ", routed_bytes(twice, ones, 4, 2, 8))
+print("once per rank, bytes to each rank:", routed_bytes(twice, ones, 4, 2, 8, once_per_rank=True))
+# the same 4 GPUs and the same 32 tokens: expert-parallel ranks each route their own 8;
+# tensor-parallel ranks all work on all 32, each with a quarter of every expert
+tp = tensor_parallel_expert_bytes(RANKS * TOKENS, EXAMPLE.d_model, RANKS)
+print(f"per rank and layer: expert-parallel {2 * even.closed_form:.0f} B (dispatch and "
+      f"combine), tensor-parallel experts {tp:.0f} B (one all-reduce)")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("ep_over_tp", 2 * even.closed_form / tp, ".2g")
+
+# %% [markdown]
+# For the same work on the same GPUs, the all-to-alls move
+# <span data-glue="ep_over_tp">0.5</span> times the bytes of the all-reduce. Per token, the
+# all-to-alls send `2k·d` values to other ranks and the all-reduce about `2n·d`, so expert
+# parallelism wins whenever a token picks fewer experts than there are ranks. Tensor-parallel
+# experts also cut already narrow matrices into thinner ones, which GPUs run less
+# efficiently. Frameworks therefore split the experts whole, and keep the all-to-all inside
+# a node where they can.
+#
+# ## 5. Evening out the load
+#
+# A router that leans towards one expert overloads that expert's rank and leaves the
+# others idle (section 4's skewed matrix). Two fixes are common:
+#
+# - **Switch's auxiliary loss** adds `α · N · Σ_i f_i · P_i` to the training loss. Here f_i
+#   is the share of assignments that went to expert i and P_i the router's mean probability
+#   for it. The loss is smallest when both are even. Its gradient pushes the router away
+#   from overloaded experts.
+# - **DeepSeek-V3's bias** needs no loss. After each step, each expert's bias goes up by γ if
+#   the expert was underloaded and down by γ if overloaded. The bias only steers the choice;
+#   the gates still come from the unbiased scores.
+#
+# On several ranks, f_i, P_i and the load must be counted over every rank's tokens, with
+# one all-reduce (`load_balancing_loss(..., group=...)`, `update_router_bias(..., group=...)`).
+# The tests check the sum over ranks against one process. A router leaning towards
+# expert 0, trained on a small task for <span data-glue="balance_steps">30</span> steps:
+
+# %%
+from parlab.experiments import balancing_runs
+from parlab.viz.plots import balance_figure
+
+balance = balancing_runs()
+print(balance.iloc[[0, 10, 20, 29]].to_string(index=False))
+show(balance_figure(balance))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+last = balance.iloc[-1]
+glue("balance_steps", len(balance))
+glue("ratio_none", last["no balancing"], ".2f")
+glue("ratio_aux", last["auxiliary loss"], ".2f")
+glue("ratio_bias", last["bias update"], ".2f")
+
+# %% [markdown]
+# Left alone, the busiest expert keeps <span data-glue="ratio_none">2.00</span> times the
+# mean load. The auxiliary loss brings it to <span data-glue="ratio_aux">1.03</span> and
+# the bias rule to <span data-glue="ratio_bias">1.16</span>. (The loss's α is 1 here so
+# that <span data-glue="balance_steps">30</span> steps show it; the Switch paper uses 0.01,
+# over many more steps.)
+#
+# ## 6. Expert parallelism inside data parallelism
+#
+# In a real job the experts are not split over every GPU. The data-parallel ranks are cut
+# into groups of `ep` ranks, each group splits the experts, and each expert has one copy
+# per group. With 4 data-parallel ranks and ep = 2, the pairs {0, 1} and {2, 3} each hold
+# all the experts between them, and each expert's two copies (on {0, 2} or on {1, 3}) sum
+# their gradients. The dense weights still average over all 4. `run_expert_data` builds this from
+# the two strategies' own functions: data parallelism's bucketed all-reduce, each on its
+# process group, and `apply_expert_parallel`.
+
+# %%
+from parlab.hybrid import run_expert_data
+
+composed = run_expert_data(dp=4, ep=2)
+print("equal to one process after 3 SGD steps (to 1e-6):", composed.max_error < 1e-6)
+print("assignments dropped over the 3 steps:", composed.dropped)
+print("traffic by (collective, group):",
+      sorted({(t.op, t.group) for t in composed.traffic.records}))
+
+# %% [markdown]
+# ## 7. At scale: Mixtral-8x7B
+#
+# `from_hf_config` reads Mixtral's published `config.json`
+# (`parlab.models.HF_PRESETS["Mixtral-8x7B"]`): <span data-glue="mx_layers">32</span>
+# blocks, each with <span data-glue="mx_experts">8</span> experts
+# <span data-glue="mx_width">14,336</span> wide, of which a token uses
+# <span data-glue="mx_k">2</span>.
+#
+# **Exercise 07.3 (predict first).** How many billion parameters does one token use?
+
+# %%
+check("07.3", ...)
+
+# %%
+from parlab.models import count_parameters, get_config
+
+mixtral = get_config("Mixtral-8x7B")
+counts = count_parameters(mixtral)
+print(f"total  {counts['total']:,}")
+print(f"active {counts['active']:,} per token")
+experts = mixtral.n_layers * mixtral.n_experts * 3 * mixtral.d_model * mixtral.d_ff
+held_gb = {}
+for ep in (1, 2, 4, 8):   # the experts divided over ep GPUs, everything else on each
+    held = counts["total"] - experts * (1 - 1 / ep)
+    held_gb[ep] = 2 * held / 1e9
+    print(f"ep = {ep}: {held / 1e9:5.2f} B parameters per GPU, {held_gb[ep]:6.1f} GB in bf16")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("mixtral_total", counts["total"] / 1e9, ".2f")
+glue("mixtral_active", counts["active"] / 1e9, ".2f")
+glue("mx_layers", mixtral.n_layers)
+glue("mx_experts", mixtral.n_experts)
+glue("mx_width", mixtral.d_ff, ",")
+glue("mx_k", mixtral.experts_per_token)
+glue("gb_ep1", held_gb[1], ".1f")
+glue("gb_ep2", held_gb[2], ".1f")
+glue("gb_ep8", held_gb[8], ".1f")
+
+# %% [markdown]
+# The same totals as Mistral's model card: <span data-glue="mixtral_total">46.70</span> B
+# parameters, <span data-glue="mixtral_active">12.88</span> B of them used per token. In
+# bf16 the weights alone take <span data-glue="gb_ep1">93.4</span> GB, more than an 80 GB
+# GPU holds. Split by expert over two GPUs they take <span data-glue="gb_ep2">48.3</span> GB
+# each, over eight <span data-glue="gb_ep8">14.5</span> GB, before gradients, optimizer
+# state and activations (chapter 01).
+#
+# ## 8. Explore
+#
+# The dispatch of section 4, computed in this process for any number of experts, top-k,
+# capacity factor (0 keeps every token), ranks and router skew: what was dropped, how much
+# a fixed-capacity buffer would pad, and who sends whom how many bytes.
+
+# %%
+from parlab.viz.widgets import expert_explorer
+
+expert_explorer()
+
+# %% [markdown]
+# ## 9. One more exercise
+#
+# **Exercise 07.4 (run it).** Predict first, then run `run_expert_layer(ranks=2)` with the
+# even router. How many bytes does rank 0 send in the dispatch? (Each rank now holds two
+# experts.)
+
+# %%
+check("07.4", ...)
+
+# %% [markdown]
+# ## What's next
+#
+# Expert parallelism composes with everything before it: tensor parallelism inside each
+# expert, pipeline stages of MoE blocks, ZeRO over the dense weights. Each is its own
+# function on its own process group, as section 6 combined two of them.
