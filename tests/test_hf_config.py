@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from parlab.models import (
+    block_matmuls,
     CONFIGS, GPT, GPT2_SMALL, HF_CONFIGS, HF_PRESETS, Llama, LlamaConfig, RMSNorm,
     SUPPORTED_MODEL_TYPES, TransformerConfig, build_model, count_parameters, from_hf_config,
     get_config
@@ -216,7 +217,7 @@ def test_bad_configs_are_clear_errors():
         from_hf_config({"model_type": "bert"})
     with pytest.raises(ValueError, match="unsupported model_type None"):
         from_hf_config({"hidden_size": 4096})
-    assert set(SUPPORTED_MODEL_TYPES) == {"gpt2", "llama", "mistral", "mixtral"}
+    assert set(SUPPORTED_MODEL_TYPES) == {"gpt2", "llama", "mistral", "mixtral", "qwen3_moe"}
     llama = HF_PRESETS["Llama-3-8B"]
     missing = {k: v for k, v in llama.items() if k != "intermediate_size"}
     with pytest.raises(ValueError, match="llama config 'llama' is missing the required field "
@@ -231,8 +232,14 @@ def test_bad_configs_are_clear_errors():
     with pytest.raises(ValueError, match=r"llama config 'llama': d_model must be a positive "
                                          r"integer, got '4096'"):
         from_hf_config({**llama, "hidden_size": "4096"})
-    with pytest.raises(ValueError, match="head_dim=96 differs"):
-        from_hf_config({**llama, "head_dim": 96})
+    wide = from_hf_config({**llama, "head_dim": 96})  # heads wider than d_model / n_heads:
+    assert wide.d_head == 96 and wide.d_q == 32 * 96  # built and counted, but the memory
+    with pytest.raises(ValueError, match="heads are 96 wide, not d_model / n_heads = 128"):
+        block_matmuls(wide)                            # and speed calculators refuse it
+    with pytest.raises(ValueError, match="qwen3_moe config 'q': norm_topk_prob=False"):
+        from_hf_config({**HF_PRESETS["Qwen3-30B-A3B"], "norm_topk_prob": False}, name="q")
+    with pytest.raises(ValueError, match="layers with a dense MLP"):
+        from_hf_config({**HF_PRESETS["Qwen3-30B-A3B"], "mlp_only_layers": [0]})
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
         from_hf_config({**llama, "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="rope_theta must be a positive number"):

@@ -154,6 +154,39 @@ def test_mixtral_counts_are_the_published_ones():
     assert len(list(meta.parameters())) == counts["tensors"]
 
 
+def test_qwen3_moe_counts_are_the_published_ones():
+    """Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B, config.json; the model card: 30.5 B parameters,
+    3.3 B activated, 29.9 B without the embeddings): 128 experts of width 768, 8 per token,
+    heads of 128 (not 2048 / 32), queries and keys normalized per head. Active, counted as
+    for Mixtral (both embedding matrices included), is 3.35 B: the card's 3.3 cuts the
+    second decimal off rather than rounding it."""
+    from parlab.models import build_model, count_parameters
+    counts = count_parameters("Qwen3-30B-A3B")
+    assert round(counts["total"] / 1e9, 1) == 30.5
+    assert 3.3 <= counts["active"] / 1e9 < 3.4
+    embeddings = counts["token_embedding"] + counts["lm_head"]
+    assert round((counts["total"] - embeddings) / 1e9, 1) == 29.9
+    meta = build_model("Qwen3-30B-A3B", device="meta")
+    assert sum(p.numel() for p in meta.parameters()) == counts["total"]
+    assert len(list(meta.parameters())) == counts["tensors"]
+
+
+def test_a_small_qwen3_moe_runs_backward_and_the_calculators_refuse_it():
+    from parlab.models import build_model, count_parameters, get_config
+    small = get_config("Qwen3-30B-A3B").replace(d_model=32, n_layers=2, n_heads=4,
+                                                n_kv_heads=2, head_dim=16, d_ff=24, vocab=64,
+                                                n_experts=4, experts_per_token=2)
+    model = build_model(small)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(small)["total"]
+    ids = torch.randint(0, 64, (2, 8))
+    model.loss(ids, ids).backward()
+    assert model.blocks[0].attn.q_norm.weight.grad is not None
+    assert model.blocks[0].attn.q_proj.weight.shape == (4 * 16, 32)
+    from parlab import memory
+    with pytest.raises(ValueError, match="heads are 16 wide, not d_model / n_heads = 8"):
+        memory.estimate(small, (2, 8))
+
+
 def test_a_small_mixtral_trains_and_counts_what_it_builds():
     from parlab.models import build_model, count_parameters, get_config
     small = get_config("Mixtral-8x7B").replace(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -167,7 +200,7 @@ def test_a_small_mixtral_trains_and_counts_what_it_builds():
     ids = torch.randint(0, 64, (2, 8))
     model.loss(ids, ids).backward()
     assert all(p.grad is not None for p in model.blocks[0].mlp.router.parameters())
-    with pytest.raises(ValueError, match="n_experts=4, 2 per token.*dense"):
+    with pytest.raises(ValueError, match=r"mixture of experts \(n_experts=4, 2 per token\)"):
         from parlab import memory
         memory.estimate(small, (2, 8))
     with pytest.raises(ValueError, match="experts_per_token=2 needs n_experts"):

@@ -63,7 +63,7 @@ def block_terms(m, batch: int, seq: int, e: int, tp: int) -> dict[str, int]:
     tensor, on one of ``tp`` ranks (``e`` bytes per element of the compute dtype).
     :func:`parlab.memory.block_activations` documents the keys."""
     if isinstance(m, LlamaConfig):
-        m.check_dense("the activation memory of a block")
+        m.check_modelled("the activation memory of a block")
         return _llama_block(m, batch, seq, e, tp)
     bt, d = batch * seq, m.d_model
     x, heads, ff = e * bt * d, e * bt * d // tp, e * bt * m.d_ff // tp
@@ -183,7 +183,7 @@ def block_flops_per_token(m, seq: int) -> tuple[int, int]:
     Llama: 2 d^2 + 2 d d_kv + 3 d d_ff); the core computes all T x T scores QK^T and their
     product with V, 2 T d each (masked afterwards; a causal kernel may skip half)."""
     if isinstance(m, LlamaConfig):
-        m.check_dense("FLOPs per token")
+        m.check_modelled("FLOPs per token")
     d, f = m.d_model, m.d_ff
     weights = (2 * d * d + 2 * d * m.d_kv + 3 * d * f if isinstance(m, LlamaConfig)
                else 4 * d * d + 2 * d * f)

@@ -131,7 +131,7 @@ def block_matmuls(config, tp: int = 1) -> list[tuple[int, int]]:
     d, ff, heads = config.d_model, config.d_ff, config.n_heads
     llama = isinstance(config, LlamaConfig)
     if llama:
-        config.check_dense("block_matmuls")
+        config.check_modelled("block_matmuls")
     kv = config.n_kv_heads if llama else heads
     for name, n in (("heads", heads), ("key/value heads", kv), ("d_ff", ff)):
         if n % tp:

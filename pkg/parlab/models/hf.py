@@ -12,7 +12,9 @@ actually train. ``model_type`` picks the family:
   heads, intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings (default
   False), rope_theta, rms_norm_eps, attention_bias, mlp_bias);
 - ``"mixtral"``: the same, with a mixture of experts in every block (num_local_experts
-  experts of intermediate_size each, num_experts_per_tok per token).
+  experts of intermediate_size each, num_experts_per_tok per token);
+- ``"qwen3_moe"``: the same again (num_experts experts of moe_intermediate_size each), with
+  head_dim heads (not hidden_size / heads) and an RMSNorm on each head's query and key.
 
 Fields that change no parameter are not kept: ``rope_scaling`` (Llama 3.1+), Mistral's
 ``sliding_window`` (the built model attends to the whole context), dropout, token ids.
@@ -82,6 +84,15 @@ HF_PRESETS: dict[str, dict] = {
         "num_key_value_heads": 8, "num_local_experts": 8, "rms_norm_eps": 1e-05,
         "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "sliding_window": None,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000},
+    "Qwen3-30B-A3B": {  # Qwen/Qwen3-30B-A3B
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False,
+        "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 6144, "max_position_embeddings": 40960, "mlp_only_layers": [],
+        "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+        "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+        "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "vocab_size": 151936},
 }
 
 
@@ -97,27 +108,35 @@ def _llama(cfg: dict, name: str, need, opt) -> LlamaConfig:
         raise ValueError(f"hidden_act={cfg['hidden_act']!r}: the MLP built here is SwiGLU "
                          f"(silu)")
     heads = need("num_attention_heads")
-    config = LlamaConfig(
+    n_experts, per_token, expert_width = _experts(cfg, need, opt)
+    return LlamaConfig(
         name, need("hidden_size"), need("num_hidden_layers"), heads,
-        opt("num_key_value_heads", heads), need("intermediate_size"), need("vocab_size"),
-        need("max_position_embeddings"), opt("tie_word_embeddings", False),
+        opt("num_key_value_heads", heads), expert_width or need("intermediate_size"),
+        need("vocab_size"), need("max_position_embeddings"), opt("tie_word_embeddings", False),
         opt("rope_theta", 10000.0), opt("rms_norm_eps", 1e-6), opt("attention_bias", False),
-        opt("mlp_bias", False), *_experts(cfg, need))
-    head_dim = opt("head_dim", config.d_head)
-    if head_dim != config.d_head:
-        raise ValueError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads "
-                         f"= {config.d_head}; only head_dim = hidden_size / heads is supported")
-    return config
+        opt("mlp_bias", False), n_experts, per_token, opt("head_dim", 0),
+        cfg.get("model_type") == "qwen3_moe")
 
 
-def _experts(cfg: dict, need) -> tuple[int, int]:
-    """(n_experts, experts_per_token) of a Mixtral config; (0, 0) for a dense one."""
-    if cfg.get("model_type") != "mixtral":
-        return 0, 0
-    return need("num_local_experts"), need("num_experts_per_tok")
+def _experts(cfg: dict, need, opt) -> tuple[int, int, int]:
+    """(n_experts, experts_per_token, expert width or 0) of a Mixtral or Qwen3-MoE config;
+    (0, 0, 0) for a dense one."""
+    kind = cfg.get("model_type")
+    if kind == "mixtral":
+        return need("num_local_experts"), need("num_experts_per_tok"), 0
+    if kind != "qwen3_moe":
+        return 0, 0, 0
+    if opt("decoder_sparse_step", 1) != 1 or opt("mlp_only_layers", []):
+        raise ValueError("layers with a dense MLP (decoder_sparse_step > 1 or mlp_only_layers) "
+                         "are not modelled: every block here is a mixture of experts")
+    if not opt("norm_topk_prob", False):
+        raise ValueError("norm_topk_prob=False (gates not renormalized) is not modelled; the "
+                         "router built here renormalizes the top-k probabilities")
+    return need("num_experts"), need("num_experts_per_tok"), need("moe_intermediate_size")
 
 
-_PARSERS = {"gpt2": _gpt2, "llama": _llama, "mistral": _llama, "mixtral": _llama}
+_PARSERS = {"gpt2": _gpt2, "llama": _llama, "mistral": _llama, "mixtral": _llama,
+            "qwen3_moe": _llama}
 #: The ``model_type`` values :func:`from_hf_config` reads.
 SUPPORTED_MODEL_TYPES = tuple(_PARSERS)
 

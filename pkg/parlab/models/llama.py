@@ -65,12 +65,16 @@ class LlamaConfig:
     mlp_bias: bool = False
     n_experts: int = 0           # 0: a dense feed-forward layer; else a mixture of experts,
     experts_per_token: int = 0   # each d_ff wide, of which every token uses this many
+    head_dim: int = 0            # 0: d_model / n_heads (Qwen3 sets its own)
+    qk_norm: bool = False        # an RMSNorm on each head's query and key (Qwen3)
 
     def __post_init__(self):
         for f in _SIZES:
             value = getattr(self, f)
             check_count(f, value)
-        if self.d_model % self.n_heads:
+        if self.head_dim:
+            check_count("head_dim", self.head_dim)
+        elif self.d_model % self.n_heads:
             raise ValueError(f"{self.name}: n_heads={self.n_heads} does not divide "
                              f"d_model={self.d_model}; heads must split d_model evenly")
         if self.n_heads % self.n_kv_heads:
@@ -82,7 +86,7 @@ class LlamaConfig:
                              f"rotate pairs of dimensions")
         for f in ("rope_theta", "rms_norm_eps"):
             check_positive_number(f, getattr(self, f))
-        for f in ("tied_embeddings", "attention_bias", "mlp_bias"):
+        for f in ("tied_embeddings", "attention_bias", "mlp_bias", "qk_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"{f} must be True or False, got {getattr(self, f)!r}")
         if self.n_experts:
@@ -94,13 +98,21 @@ class LlamaConfig:
             raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} needs "
                              f"n_experts (0: a dense model)")
 
-    def check_dense(self, what: str) -> None:
-        """A ValueError if this model has experts: ``what`` (a calculator) models dense blocks."""
+    def check_modelled(self, what: str) -> None:
+        """A ValueError if ``what`` (a memory or speed calculator) does not model this block:
+        experts, a head width other than d_model / n_heads, or normalized queries and keys."""
+        reasons = []
         if self.n_experts:
-            raise ValueError(f"{self.name} is a mixture of experts (n_experts={self.n_experts}, "
-                             f"{self.experts_per_token} per token); {what} models dense "
-                             f"feed-forward layers only so far (count_parameters gives its "
-                             f"total and active parameters)")
+            reasons.append(f"it is a mixture of experts (n_experts={self.n_experts}, "
+                           f"{self.experts_per_token} per token)")
+        if self.d_q != self.d_model:
+            reasons.append(f"its heads are {self.d_head} wide, not d_model / n_heads = "
+                           f"{self.d_model / self.n_heads:g}")
+        if self.qk_norm:
+            reasons.append("it normalizes each head's query and key (qk_norm)")
+        if reasons:
+            raise ValueError(f"{what} does not model {self.name} yet: " + "; ".join(reasons)
+                             + " (count_parameters counts it: total and active parameters)")
 
     def moe_config(self) -> MoEConfig:
         """Each block's feed-forward layer as a mixture of experts (softmax top-k, renormalized
@@ -110,8 +122,13 @@ class LlamaConfig:
 
     @property
     def d_head(self) -> int:
-        """Width of one attention head."""
-        return self.d_model // self.n_heads
+        """Width of one attention head: ``head_dim``, or d_model / n_heads."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def d_q(self) -> int:
+        """Width of Q (and of the attention output): ``n_heads * d_head``."""
+        return self.n_heads * self.d_head
 
     @property
     def d_kv(self) -> int:
@@ -141,8 +158,9 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
     experts; without experts ``active`` is ``total``.
     """
     c = config
-    d, f, kv = c.d_model, c.d_ff, c.d_kv
-    attention = 2 * d * d + 2 * d * kv + (2 * d + 2 * kv if c.attention_bias else 0)
+    d, f, kv, dq = c.d_model, c.d_ff, c.d_kv, c.d_q
+    attention = (2 * d * dq + 2 * d * kv + (dq + 2 * kv + d if c.attention_bias else 0)
+                 + (2 * c.d_head if c.qk_norm else 0))
     expert = 3 * d * f + (2 * f + d if c.mlp_bias else 0)
     experts = max(c.n_experts, 1)
     feed_forward = experts * expert + (d * c.n_experts if c.n_experts else 0)  # + the router
@@ -164,7 +182,7 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
     unused = (c.n_experts - c.experts_per_token) * expert if c.n_experts else 0
     counts["active"] = counts["total"] - c.n_layers * unused
     per_block = (4 * (2 if c.attention_bias else 1) + 3 * (2 if c.mlp_bias else 1) * experts + 2
-                 + (1 if c.n_experts else 0))
+                 + (1 if c.n_experts else 0) + (2 if c.qk_norm else 0))
     counts["tensors"] = per_block * c.n_layers + 2 + (0 if c.tied_embeddings else 1)
     return counts
 
@@ -204,14 +222,19 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        d, kv, bias = config.d_model, config.d_kv, config.attention_bias
+        d, dq, kv, bias = config.d_model, config.d_q, config.d_kv, config.attention_bias
         self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
         self.d_head = config.d_head
         self.rope_theta = config.rope_theta
-        self.q_proj = nn.Linear(d, d, bias=bias)
+        self.q_proj = nn.Linear(d, dq, bias=bias)
         self.k_proj = nn.Linear(d, kv, bias=bias)
         self.v_proj = nn.Linear(d, kv, bias=bias)
-        self.o_proj = nn.Linear(d, d, bias=bias)
+        self.o_proj = nn.Linear(dq, d, bias=bias)
+        if config.qk_norm:  # per head, over d_head, before the rotation (Qwen3)
+            self.q_norm = RMSNorm(config.d_head, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.d_head, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -219,9 +242,11 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(b, t, h, hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, kv, hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rotary_cos_sin(t, hd, self.rope_theta, x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        return self.o_proj(self.core(q, k, v).transpose(1, 2).reshape(b, t, d))
+        return self.o_proj(self.core(q, k, v).transpose(1, 2).reshape(b, t, h * hd))
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal softmax(Q K^T / sqrt(d_head)) V per head, each key/value head serving
