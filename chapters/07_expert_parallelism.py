@@ -15,16 +15,16 @@
 # %% [markdown]
 # # 07 · Beyond the book: mixture of experts and expert parallelism
 #
-# Most large models released since 2024 do not run every weight for every token. In each
-# block, the one feed-forward layer is replaced by several, the **experts**, and a small
-# **router** picks a few of them for each token. The model holds the parameters of all the
+# Many of the largest open models released since 2024 do not run every weight for every
+# token. In each block, the one feed-forward layer is replaced by several, the **experts**,
+# and a small **router** picks a few of them for each token. The model holds the parameters of all the
 # experts but spends the compute of only a few: Mixtral, DeepSeek-V3, Qwen3-MoE and gpt-oss
 # are built this way.
 #
 # Experts bring a parallelism of their own. Put different experts on different GPUs, and
 # every token must travel to the GPUs of the experts it chose and its results must travel
-# back: two **all-to-all** exchanges per layer, where the earlier chapters had all-reduces
-# and point-to-point sends.
+# back: two **all-to-all** exchanges per layer (each rank sends a different piece to every
+# other rank), where the earlier chapters had all-reduces and point-to-point sends.
 #
 # In this notebook you will:
 #
@@ -64,7 +64,8 @@ glue("d_model", EXAMPLE.d_model)
 #
 # 1. **routes**: a linear map scores every expert, `logits = x W_r`, and the token keeps
 #    its top <span data-glue="top_k">2</span>;
-# 2. **keeps what fits**: each expert takes at most `capacity` assignments (section 2);
+# 2. **keeps what fits**: each (token, chosen expert) pair is an **assignment**, two per
+#    token here; each expert takes at most `capacity` assignments (section 2);
 # 3. **computes and combines**: `y = Σ_j gate_j · expert_j(x)` over the kept choices.
 #
 # The routers you meet in published models differ only in step 1. On the same four logits:
@@ -87,10 +88,13 @@ for router, k in (("switch", 1), ("topk", 2), ("deepseek", 2)):
 #
 # ## 2. A few tokens through the layer
 #
-# **Exercise 07.1 (predict first).** Capacity is counted over each rank's own tokens:
-# `capacity = ceil(k × T × factor / E)`, here with T = <span data-glue="tokens">8</span>
-# tokens, k = <span data-glue="top_k">2</span>, E = <span data-glue="experts">4</span> and
-# a capacity factor of 1.0. How many assignments can one expert take from one rank?
+# Capacity is counted over each rank's own tokens: `capacity = ceil(k × T × factor / E)`,
+# here with T = <span data-glue="tokens">8</span> tokens, k =
+# <span data-glue="top_k">2</span>, E = <span data-glue="experts">4</span>. The factor is 1.0
+# in the example: each expert may take an even share of the assignments, no more.
+#
+# **Exercise 07.1 (predict first).** With a capacity factor of 1.25 instead, how many
+# assignments could one expert take from one rank?
 
 # %%
 from parlab.exercises import check
@@ -130,7 +134,8 @@ glue("capacity", expert_capacity(TOKENS, EXAMPLE.n_experts, EXAMPLE.top_k,
 # A larger capacity drops fewer assignments. But some dispatch layouts (GShard, Switch) send
 # every expert a buffer of exactly `capacity` rows, so the unused rows travel and are
 # computed on as padding. Over all <span data-glue="ranks">4</span> ranks, for an even router
-# and for one that leans towards expert 0:
+# and for a skewed one (expert 0's router row raised and expert 3's sunk, so that on these
+# tokens it picks only experts 0 and 2):
 
 # %%
 from parlab.experiments import capacity_sweep
@@ -138,6 +143,7 @@ from parlab.viz.plots import capacity_figure
 
 even_sweep, skewed_sweep = capacity_sweep(), capacity_sweep(skewed=True)
 print(even_sweep.to_string(index=False))
+print(skewed_sweep.to_string(index=False))
 show(capacity_figure(even_sweep, skewed_sweep))
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
@@ -145,21 +151,30 @@ by_factor = even_sweep.set_index("capacity factor")
 glue("drop_1", 100 * by_factor.loc[1.0, "dropped"], ".1f")
 glue("drop_15", 100 * by_factor.loc[1.5, "dropped"], ".1f")
 glue("pad_15", 100 * by_factor.loc[1.5, "padding"], ".1f")
-glue("skew_drop_1", 100 * skewed_sweep.set_index("capacity factor").loc[1.0, "dropped"], ".1f")
+skewed_by_factor = skewed_sweep.set_index("capacity factor")
+glue("skew_drop_1", 100 * skewed_by_factor.loc[1.0, "dropped"], ".0f")
+glue("skew_drop_15", 100 * skewed_by_factor.loc[1.5, "dropped"], ".0f")
+glue("skew_pad_2", 100 * skewed_by_factor.loc[2.0, "padding"], ".0f")
+glue("skew_no_drop", skewed_sweep[skewed_sweep.dropped == 0]["capacity factor"].min())
 
 # %% [markdown]
 # With the even router, a factor of 1.0 drops <span data-glue="drop_1">10.9</span> % of the
 # assignments and 1.5 drops <span data-glue="drop_15">1.6</span> %. At 1.5,
 # <span data-glue="pad_15">34.4</span> % of the fixed buffers' rows are padding. The
-# skewed router drops <span data-glue="skew_drop_1">50.0</span> % even at 1.0: no capacity
-# factor fixes a router that ignores half the experts. Section 5 fixes the router instead.
+# skewed router drops <span data-glue="skew_drop_1">50</span> % at 1.0 and
+# <span data-glue="skew_drop_15">25</span> %
+# at 1.5, and nothing only from <span data-glue="skew_no_drop">2.0</span>, where
+# <span data-glue="skew_pad_2">50</span> % of the buffer rows travel empty: with half the
+# experts unused, capacity can trade drops for padding but cannot remove both. Section 5
+# fixes the router instead.
 #
 # ## 4. Experts on real ranks
 #
 # Now the experts are split: rank r holds expert r. Each rank routes its own
 # <span data-glue="tokens">8</span> tokens, sends every kept assignment to the expert's rank
-# (**dispatch**, one all-to-all), runs its expert on what arrives, and sends the outputs back
-# (**combine**, a second all-to-all). The backward pass runs both exchanges again, in
+# (**dispatch**, one all-to-all, after a small one of counts so that each rank knows how many
+# rows to expect; the fixed-capacity layout needs no counts), runs its expert on what
+# arrives, and sends the outputs back (**combine**, a second all-to-all). The backward pass runs both exchanges again, in
 # reverse. `run_expert_layer` does one forward and backward pass on the logging toy backend
 # and compares the output, the input gradient and every parameter gradient with one process
 # running the whole layer.
@@ -206,7 +221,8 @@ glue("skew_idle", sum(1 for load in skewed.load if load == 0))
 # %%
 from parlab.expert_parallel import routed_bytes, tensor_parallel_expert_bytes
 
-twice = torch.tensor([[2, 3], [0, 1], [2, 0]])   # token 0 chose two experts of rank 1
+# 2 ranks: experts 0-1 on rank 0, 2-3 on rank 1; tokens 0 and 1 each chose two of one rank
+twice = torch.tensor([[2, 3], [0, 1], [2, 0]])
 ones = torch.ones_like(twice, dtype=torch.bool)
 print("naive, bytes to each rank:        ", routed_bytes(twice, ones, 4, 2, 8))
 print("once per rank, bytes to each rank:", routed_bytes(twice, ones, 4, 2, 8, once_per_rank=True))
@@ -220,31 +236,37 @@ print(f"per rank and layer: expert-parallel {2 * even.closed_form:.0f} B (dispat
 glue("ep_over_tp", 2 * even.closed_form / tp, ".2g")
 
 # %% [markdown]
-# For the same work on the same GPUs, the all-to-alls move
-# <span data-glue="ep_over_tp">0.5</span> times the bytes of the all-reduce. Per token, the
-# all-to-alls send `2k·d` values to other ranks and the all-reduce about `2n·d`, so expert
-# parallelism wins whenever a token picks fewer experts than there are ranks. Tensor-parallel
-# experts also cut already narrow matrices into thinner ones, which GPUs run less
-# efficiently. Frameworks therefore split the experts whole, and keep the all-to-all inside
-# a node where they can.
+# (The byte lists count the entry of the rank itself too, which stays home.) For the same
+# work on the same GPUs, the all-to-alls move <span data-glue="ep_over_tp">0.5</span> times
+# the bytes of the all-reduce. Per rank and per token of its own, dispatch and combine send
+# `2k·d·(n−1)/n` values and the tensor-parallel all-reduce `2(n−1)·d`: a ratio of k/n, so
+# expert parallelism moves less whenever a token picks fewer experts than there are ranks
+# (with fixed-capacity buffers, when the capacity factor times k is below n). If the layers
+# around the experts are data parallel, the tensor-parallel experts need an all-gather and
+# a reduce-scatter instead of the all-reduce, the same bytes. Tensor parallelism also cuts
+# already narrow expert matrices into thinner ones, which GPUs run less efficiently. So
+# training frameworks usually split the experts whole and keep the all-to-all inside a node
+# where they can (inference engines often shard experts tensor-parallel instead).
 #
 # ## 5. Evening out the load
 #
-# A router that leans towards one expert overloads that expert's rank and leaves the
+# A skewed router overloads the ranks of the experts it prefers and leaves the ranks of the
 # others idle (section 4's skewed matrix). Two fixes are common:
 #
 # - **Switch's auxiliary loss** adds `α · N · Σ_i f_i · P_i` to the training loss. Here f_i
 #   is the share of assignments that went to expert i and P_i the router's mean probability
 #   for it. The loss is smallest when both are even. Its gradient pushes the router away
 #   from overloaded experts.
-# - **DeepSeek-V3's bias** needs no loss. After each step, each expert's bias goes up by γ if
-#   the expert was underloaded and down by γ if overloaded. The bias only steers the choice;
-#   the gates still come from the unbiased scores.
+# - **DeepSeek-V3's bias** balances without an auxiliary loss (V3 keeps only a very small
+#   one per sequence). After each step, each expert's bias goes up by γ if the expert was
+#   underloaded and down by γ if overloaded. The bias only steers the choice; the gates
+#   still come from the unbiased scores (V3 then scales them by a constant, left out here).
 #
-# On several ranks, f_i, P_i and the load must be counted over every rank's tokens, with
-# one all-reduce (`load_balancing_loss(..., group=...)`, `update_router_bias(..., group=...)`).
-# The tests check the sum over ranks against one process. A router leaning towards
-# expert 0, trained on a small task for <span data-glue="balance_steps">30</span> steps:
+# On several ranks, counting f_i, P_i and the load over every rank's tokens, with one
+# all-reduce (`load_balancing_loss(..., group=...)`, `update_router_bias(..., group=...)`),
+# makes them equal to one process's (the tests check it; Switch itself counted per device).
+# A router leaning towards expert 0 (its row raised a little), trained on a small task for
+# <span data-glue="balance_steps">30</span> steps:
 
 # %%
 from parlab.experiments import balancing_runs
@@ -263,18 +285,23 @@ glue("ratio_bias", last["bias update"], ".2f")
 
 # %% [markdown]
 # Left alone, the busiest expert keeps <span data-glue="ratio_none">2.00</span> times the
-# mean load. The auxiliary loss brings it to <span data-glue="ratio_aux">1.03</span> and
-# the bias rule to <span data-glue="ratio_bias">1.16</span>. (The loss's α is 1 here so
-# that <span data-glue="balance_steps">30</span> steps show it; the Switch paper uses 0.01,
-# over many more steps.)
+# mean load, the most top-<span data-glue="top_k">2</span> of
+# <span data-glue="experts">4</span> allows (N/k: expert 0 is in every token's choices).
+# The auxiliary loss brings it to <span data-glue="ratio_aux">1.03</span> and the bias rule
+# to <span data-glue="ratio_bias">1.16</span>. Both strengths are set so that
+# <span data-glue="balance_steps">30</span> steps show an effect: α = 1 where the Switch
+# paper uses 0.01, γ = 0.01 where DeepSeek-V3 uses 0.001, over many more steps. The gap
+# between the two lines reflects these settings, not a ranking of the methods.
 #
 # ## 6. Expert parallelism inside data parallelism
 #
 # In a real job the experts are not split over every GPU. The data-parallel ranks are cut
 # into groups of `ep` ranks, each group splits the experts, and each expert has one copy
 # per group. With 4 data-parallel ranks and ep = 2, the pairs {0, 1} and {2, 3} each hold
-# all the experts between them, and each expert's two copies (on {0, 2} or on {1, 3}) sum
-# their gradients. The dense weights still average over all 4. `run_expert_data` builds this from
+# all the experts between them, and each expert has two copies (on {0, 2} or on {1, 3}).
+# The dense weights average their gradients over all four ranks. An expert's copies sum
+# theirs and then divide by four as well, because each copy's gradient already covers the
+# tokens of its whole pair. `run_expert_data` builds this from
 # the two strategies' own functions: data parallelism's bucketed all-reduce, each on its
 # process group, and `apply_expert_parallel`.
 
@@ -296,7 +323,9 @@ print("traffic by (collective, group):",
 # <span data-glue="mx_width">14,336</span> wide, of which a token uses
 # <span data-glue="mx_k">2</span>.
 #
-# **Exercise 07.3 (predict first).** How many billion parameters does one token use?
+# **Exercise 07.3 (predict first).** Mixtral-8x7B has 46.70 billion parameters. Each
+# expert holds 3 × 4096 × 14336 weights (gate, up and down). How many billion parameters
+# does one token use?
 
 # %%
 check("07.3", ...)
@@ -336,9 +365,11 @@ glue("gb_ep8", held_gb[8], ".1f")
 #
 # ## 8. Explore
 #
-# The dispatch of section 4, computed in this process for any number of experts, top-k,
+# The dispatch of section 4, routed in this process for any number of experts, top-k,
 # capacity factor (0 keeps every token), ranks and router skew: what was dropped, how much
-# a fixed-capacity buffer would pad, and who sends whom how many bytes.
+# a fixed-capacity buffer would pad, and who sends whom how many bytes. At its defaults it
+# repeats section 4's even run; a skew above 0 draws positive tokens and raises expert 0's
+# router row by that much.
 
 # %%
 from parlab.viz.widgets import expert_explorer
@@ -348,9 +379,10 @@ expert_explorer()
 # %% [markdown]
 # ## 9. One more exercise
 #
-# **Exercise 07.4 (run it).** Predict first, then run `run_expert_layer(ranks=2)` with the
-# even router. How many bytes does rank 0 send in the dispatch? (Each rank now holds two
-# experts.)
+# **Exercise 07.4 (predict, then run).** On 2 ranks (each holding two experts), predict
+# with the closed form how many bytes rank 0 sends in one dispatch. Then run
+# `result = run_expert_layer(ranks=2)` and answer with what rank 0 really sent,
+# `sum(result.matrix[0])`. Why do the two differ?
 
 # %%
 check("07.4", ...)

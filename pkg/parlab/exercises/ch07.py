@@ -15,20 +15,27 @@ from parlab.experiments import EXAMPLE, TOKENS, run_expert_layer
 from parlab.models import count_parameters, expert_capacity
 
 
-@exercise("07.1", "The example layer has 4 experts, top-2 routing and capacity factor 1.0, and "
-                  "each rank routes its own 8 tokens. How many assignments can one expert take "
-                  "from one rank?")
+#: The capacity factor exercise 07.1 asks about (the chapter's layer uses 1.0).
+FACTOR_07_1 = 1.25
+
+
+@exercise("07.1", "The example layer has 4 experts and top-2 routing, and each rank routes its "
+                  "own 8 tokens. With a capacity factor of 1.25 instead of 1.0, how many "
+                  "assignments can one expert take from one rank?")
 def _capacity(answer):
     c = EXAMPLE
-    expected = expert_capacity(TOKENS, c.n_experts, c.top_k, c.capacity_factor)
+    expected = expert_capacity(TOKENS, c.n_experts, c.top_k, FACTOR_07_1)
     value = float(answer)
     if value == expected:
-        return right("k x T x factor / E = 2 x 8 x 1.0 / 4: an expert may take as many "
-                     "assignments as an even share of the rank's 16.")
-    if value == TOKENS * c.capacity_factor / c.n_experts:
+        return right("k x T x factor / E = 2 x 8 x 1.25 / 4 = 5: an even share of the rank's "
+                     "16 assignments, plus a quarter, rounded up.")
+    if value == expert_capacity(TOKENS, c.n_experts, c.top_k, c.capacity_factor):
+        return wrong("That is the capacity at the example's factor, 1.0. Scale by 1.25.")
+    if value == TOKENS * FACTOR_07_1 / c.n_experts or value == -(-TOKENS * FACTOR_07_1 //
+                                                                 c.n_experts):
         return wrong("Each token makes k choices, not one: count assignments, not tokens.")
     return wrong("Count the assignments a rank makes (tokens x k), share them evenly over the "
-                 "experts, then scale by the capacity factor.")
+                 "experts, scale by the capacity factor and round up.")
 
 
 @exercise("07.2", "With an even load, how many bytes does one of the 4 ranks send in one "
@@ -48,9 +55,10 @@ def _dispatch(answer):
                  "other ranks.")
 
 
-@exercise("07.3", "Mixtral-8x7B has 8 experts per layer and uses 2 per token. How many billion "
-                  "parameters does one token use (attention, router, 2 experts, norms, both "
-                  "embedding matrices)? Two decimals.")
+@exercise("07.3", "Mixtral-8x7B has 46.70 billion parameters. Each of its 32 blocks has 8 "
+                  "experts of 3 x 4096 x 14336 weights, and a token uses 2 of them (and "
+                  "everything outside the experts). How many billion parameters does one token "
+                  "use? Two decimals.")
 def _active(answer):
     counts = count_parameters("Mixtral-8x7B")
     value = float(answer)
@@ -66,8 +74,10 @@ def _active(answer):
                  "does not use: each is 3 x 4096 x 14336 parameters, in 32 layers.")
 
 
-@exercise("07.4", "Run run_expert_layer(ranks=2) (even router) and predict first: how many bytes "
-                  "does rank 0 send in the dispatch? Answer with the number the run logs.")
+@exercise("07.4", "Predict with the closed form how many bytes rank 0 sends in one dispatch "
+                  "when the example layer runs on 2 ranks. Then run "
+                  "result = run_expert_layer(ranks=2) and answer with what rank 0 really sent, "
+                  "sum(result.matrix[0]).")
 def _two_ranks(answer):
     result = run_expert_layer(ranks=2)
     expected = sum(result.matrix[0])
@@ -77,6 +87,7 @@ def _two_ranks(answer):
                      f"says {result.closed_form:.0f} B for an even load, and the real routing "
                      f"sent {expected} B.")
     if close(value, result.closed_form, rel=0.001):
-        return wrong("That is the even-load closed form; the routing is not exactly even. Read "
-                     "row 0 of the run's matrix.")
+        return wrong("That is the closed form, a good prediction for an even load. Now run it: "
+                     "the real routing is not exactly even, and capacity drops some "
+                     "assignments. Read row 0 of the run's matrix.")
     return wrong("Sum row 0 of result.matrix (bytes rank 0 sent each rank).")

@@ -67,7 +67,8 @@ def assignment_counts(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
 
 
 def load_ratio(load: torch.Tensor) -> float:
-    """``max_i load_i / mean_i load_i``: 1 when evenly loaded, N when one expert takes all."""
+    """``max_i load_i / mean_i load_i``: 1 when evenly loaded; at most N / k with top-k of N
+    experts (one expert in every token's choices), N when one expert takes all the load."""
     load = load.double()
     return (load.max() / load.mean()).item()
 

@@ -18,8 +18,10 @@ def draw_experts(experts: int, top_k: int, capacity_factor: float, ranks: int, s
     """Route ``TOKENS`` tokens on each of ``ranks`` ranks (in this process; capacity per rank),
     print what was dropped and padded, and draw the dispatch byte matrix.
 
-    ``skew`` raises expert 0's router row, on inputs with a positive mean, so that larger
-    values send more tokens to expert 0. ``capacity_factor`` 0 keeps every token.
+    The tokens and the layer are chapter 07's (seed 1, seed 0), so at ``skew`` 0 with the
+    chapter's sizes this is section 4's even run. ``skew`` > 0 draws positive inputs instead
+    and raises expert 0's router row by ``skew``, so that larger values send more tokens to
+    expert 0. ``capacity_factor`` 0 keeps every token.
     """
     import matplotlib.pyplot as plt
 
@@ -33,7 +35,8 @@ def draw_experts(experts: int, top_k: int, capacity_factor: float, ranks: int, s
         return None
     moe = MoE(config, seed=0)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(ranks * TOKENS, D_MODEL, generator=g) + 0.5
+    shape = (ranks * TOKENS, D_MODEL)
+    x = torch.rand(shape, generator=g) if skew else torch.randn(shape, generator=g)
     with torch.no_grad():
         moe.router.gate.weight[0] += skew
         matrix, load, dropped = [], torch.zeros(experts, dtype=torch.long), 0
