@@ -15,6 +15,17 @@ follows nccl-tests: algbw = bytes / time, busbw = algbw x 2(n-1)/n for all-reduc
 runs something else beside the notebook. With more runnable processes than cores, each
 message waits for its receiver to be scheduled, so an algorithm that needs many short
 hand-offs falls behind one that needs few.
+
+The ``bare/gloo`` column times the toy's own ring (the same functions, the same messages)
+on plain gloo sends, without what a toy call adds around it: the header exchange and
+checks, the traffic log and the process group's entry. It answers where the toy's time
+goes when the machine is busy. Measured on 2 cores, 2 ranks, 1 MiB: quiet, toy 2.0x gloo
+and bare 1.35x; beside two busy processes, toy 2.6-3.6x and bare 1.9-3.0x. So most of the
+gap is the ring itself driven from Python: every piece is a send, a wait and an add on the
+rank's main thread, and each wait hands the core to a spinner, which must give it back
+before the next step (strace shows the main thread blocked on gloo's pair lock while
+gloo's own thread reads). Gloo runs its whole ring in C++ on its own threads and waits
+once. The header exchange adds one more round trip per call.
 """
 
 from __future__ import annotations
@@ -30,25 +41,43 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import bus_bandwidth
-from parlab.comm.toy import backend as toy_backend, wire as toy_wire
+from parlab.comm.toy import algorithms as toy_algorithms, backend as toy_backend, wire as toy_wire
 from parlab.launch import run
 
 
+def _bare_ring(tensor, group, call):
+    """The toy's ring all-reduce on plain gloo sends: its algorithm without the call's header
+    exchange, checks, traffic log and process-group entry (what those cost, by difference)."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    wire = toy_wire.Wire(group, r, n, call, lambda *record: None)
+    chunks = list(tensor.tensor_split(n))
+    buffers = [torch.empty_like(chunks[0]) for _ in range(min(toy_wire.RING_BUFFERS, n - 1))]
+    early = toy_algorithms.ring_all_gather_receives(wire, chunks, step0=n - 1)
+    toy_algorithms.ring_reduce_scatter(wire, chunks, chunks[r],
+                                       lambda a, b, out: torch.add(a, b, out=out), buffers)
+    toy_algorithms.ring_all_gather(wire, chunks, step0=n - 1, posted=early)
+    wire.finish()
+
+
 def _time_both(sizes_mib, repeats, warmup, piece_kib):
-    """On every rank: per size, per backend, a list of this rank's seconds per call."""
+    """On every rank: per size, per way, a list of this rank's seconds per call."""
     if piece_kib:
         toy_wire.PIECE_BYTES = piece_kib * 1024
     gloo = dist.new_group(backend="gloo")
+    plain = dist.new_group(backend="gloo")  # the bare ring's own sends
     toy_backend.set_algorithm("ring")
     times = {}
     for mib in sizes_mib:
         tensor = torch.zeros(int(mib * 2**20) // 4)  # zeros: repeated sums never overflow
-        samples = {"toy": [], "gloo": []}
+        samples = {"toy": [], "gloo": [], "bare": []}
         for i in range(warmup + repeats):
-            for name, group in (("toy", None), ("gloo", gloo)):
+            for name, group in (("toy", None), ("gloo", gloo), ("bare", plain)):
                 dist.barrier(group=gloo)
                 start = time.perf_counter()
-                dist.all_reduce(tensor, group=group)
+                if name == "bare":
+                    _bare_ring(tensor, plain, i)
+                else:
+                    dist.all_reduce(tensor, group=group)
                 if i >= warmup:
                     samples[name].append(time.perf_counter() - start)
         toy_backend.clear_transfers()
@@ -57,16 +86,16 @@ def _time_both(sizes_mib, repeats, warmup, piece_kib):
 
 
 def measure(ranks, sizes_mib, repeats, warmup=2, piece_kib=None):
-    """Rows of (ranks, MiB, gloo median s, toy median s); one sample = the slowest rank's time."""
+    """Rows of (ranks, MiB, gloo, toy, bare ring median s); one sample = the slowest rank's time."""
     per_rank = run(_time_both, ranks, sizes_mib, repeats, warmup, piece_kib, backend="toy",
                    timeout=600)
     rows = []
     for mib in sizes_mib:
         medians = {}
-        for name in ("gloo", "toy"):
+        for name in ("gloo", "toy", "bare"):
             slowest = [max(rank[mib][name][i] for rank in per_rank) for i in range(repeats)]
             medians[name] = statistics.median(slowest)
-        rows.append((ranks, mib, medians["gloo"], medians["toy"]))
+        rows.append((ranks, mib, medians["gloo"], medians["toy"], medians["bare"]))
     return rows
 
 
@@ -85,12 +114,12 @@ def busy(processes: int):
 
 def table(rows) -> str:
     head = (f"{'ranks':>5} {'MiB':>6} {'gloo ms':>9} {'toy ms':>9} {'toy/gloo':>9} "
-            f"{'toy busbw GB/s':>15}")
+            f"{'bare/gloo':>10} {'toy busbw GB/s':>15}")
     lines = [head, "-" * len(head)]
-    for ranks, mib, gloo_s, toy_s in rows:
+    for ranks, mib, gloo_s, toy_s, bare_s in rows:
         busbw = bus_bandwidth("all_reduce", mib * 2**20, toy_s, ranks) / 1e9
         lines.append(f"{ranks:>5} {mib:>6g} {gloo_s * 1e3:>9.2f} {toy_s * 1e3:>9.2f} "
-                     f"{toy_s / gloo_s:>9.2f} {busbw:>15.2f}")
+                     f"{toy_s / gloo_s:>9.2f} {bare_s / gloo_s:>10.2f} {busbw:>15.2f}")
     return "\n".join(lines)
 
 
