@@ -164,10 +164,10 @@ def test_expert_parallel_bad_input_is_named():
         run(padded_without_capacity, 2)
 
 
-def _route_once(config, skewed):
+def _route_once(config, skewed, layout="uneven"):
     n, r = dist.get_world_size(), dist.get_rank()
     x, _ = _data(n, skewed)
-    moe = apply_expert_parallel(_model(config, skewed))
+    moe = apply_expert_parallel(_model(config, skewed), layout=layout)
     with torch.no_grad():
         moe(x[0, r * TOKENS:(r + 1) * TOKENS])
     return moe.last.routing.experts, moe.last.kept
@@ -216,3 +216,18 @@ def test_expert_dispatch_closed_form_and_what_sending_once_per_rank_saves():
     assert naive == [3 * D * 4, 3 * D * 4] and once == [2 * D * 4, 2 * D * 4]
     # tensor-parallel experts instead: a ring all-reduce of T x d per layer, 2(n-1)/n of it
     assert tensor_parallel_expert_bytes(8, D, 4) == 2 * 3 / 4 * 8 * D * 4
+
+
+def test_expert_fixed_capacity_buffers_cost_the_same_whatever_the_routing():
+    """Capacity layout: every rank sends every other rank its E/n experts' buffers of C rows of
+    D floats, padding included, in the dispatch and again in the combine; no counts first."""
+    config = MoEConfig(D, 16, 4, top_k=2, capacity_factor=1.0)
+    n, capacity = 4, -(-2 * TOKENS * 1 // 4)
+    record = run(_route_once, n, config, True, "capacity", backend="toy")
+    log = record.traffic.filter(op="all_to_all")
+    calls = sorted({t.call for t in log.records})
+    assert len(calls) == 2  # tokens out, outputs back
+    for call in calls:
+        pairs = {(t.src, t.dst): t.nbytes for t in log.filter(call=call).records}
+        assert pairs == {(s, d): (4 // n) * capacity * D * 4
+                         for s in range(n) for d in range(n) if s != d}

@@ -158,7 +158,8 @@ def run_expert_layer(config: MoEConfig = EXAMPLE, ranks: int = RANKS, skewed: bo
         want = torch.zeros_like(p) if p.grad is None else p.grad  # an expert no token chose
         error = max(error, (total - want).abs().max().item())
     calls = sorted({t.call for t in record.traffic.filter(op="all_to_all").records})
-    matrix = record.traffic.filter(op="all_to_all", call=calls[1]).matrix(n=ranks).tolist()
+    dispatch = calls[1] if layout == "uneven" else calls[0]  # (uneven: the counts go first)
+    matrix = record.traffic.filter(op="all_to_all", call=dispatch).matrix(n=ranks).tolist()
     return ExpertRun(ranks, skewed, error, matrix, [r["routed"] for r in record],
                      dispatch_bytes(tokens, config.top_k, config.d_model, ranks),
                      sum(r["load"] for r in record).tolist(),
