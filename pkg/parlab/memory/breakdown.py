@@ -105,6 +105,7 @@ class Setup(NamedTuple):
     inputs: tuple = ()
     loss_fn: Callable | None = None
     split_points: tuple[int, ...] | None = None
+    ep: int = 1                  # expert parallelism: each MoE layer's experts over ep GPUs
 
     @property
     def micro_batch(self) -> int:
@@ -147,6 +148,7 @@ def _model_name(s: Setup) -> str:
 def describe_setup(s: Setup, what: str) -> str:
     """One line naming the model, batch, precision, optimizer and split of ``s``."""
     split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
+    split += f" ep={s.ep}" if s.ep > 1 else ""
     mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
     zero = f", ZeRO-{s.zero}" if s.zero else ""
     zero += f", {s.recompute} recompute" if s.recompute else ""

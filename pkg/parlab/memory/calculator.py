@@ -85,7 +85,7 @@ __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min
 
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
                   gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
-                  split_points=None) -> Setup:
+                  split_points=None, ep=1) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones.
 
     A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`; the last
@@ -106,9 +106,13 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     if isinstance(model, nn.Module):
         return module_setup(model, input_shape, example_input, precision, optimizer, dp, tp, pp,
                             microbatches, schedule, capacity, zero, recompute, loss_fn,
-                            split_points)
+                            split_points, ep)
     extra = [k for k, v in (("example_input", example_input), ("loss_fn", loss_fn),
                             ("split_points", split_points)) if v is not None]
+    if ep != 1:
+        raise ValueError(f"ep={ep!r}: expert parallelism is modelled for a torch.nn.Module with "
+                         f"MoE layers (a config with experts is not modelled yet); a config "
+                         f"takes ep=1")
     if extra:
         raise ValueError(f"{', '.join(extra)}: for a torch.nn.Module only; a config or a BookMLP "
                          f"takes input_shape")
@@ -263,7 +267,7 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
              dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
              schedule: str = "1f1b", gpu_memory_gb: float = GPU_MEMORY_GB, zero: int = 0,
              recompute: str | None = None, *, example_input=None, loss_fn=None,
-             split_points=None) -> Breakdown:
+             split_points=None, ep: int = 1) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
@@ -281,10 +285,12 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     ``zero`` (0 to 3) shards the model states of each GPU's parameters over the ``dp``
     replicas as :func:`parlab.memory.model_state_bytes` describes; activations are unchanged.
     ``recompute`` (None, "full", "selective"): activation recomputation, module docstring.
+    ``ep``: expert parallelism, for a module with :class:`~parlab.models.MoE` layers: each
+    layer's experts are divided over ``ep`` of the ``dp`` GPUs, everything else replicated.
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
                       schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
-                      loss_fn=loss_fn, split_points=split_points)
+                      loss_fn=loss_fn, split_points=split_points, ep=ep)
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
         return estimate_module(s, label)
@@ -295,7 +301,7 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
 def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
              gpu_memory_gb: float = GPU_MEMORY_GB, microbatches: int = 1, schedule: str = "1f1b",
              max_tp: int = 8, zero: int = 0, recompute: str | None = None, *,
-             example_input=None, loss_fn=None) -> Plan:
+             example_input=None, loss_fn=None, ep: int = 1) -> Plan:
     """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
 
     Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
@@ -307,12 +313,14 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
     ``model`` is anything :func:`estimate` takes. A ``torch.nn.Module`` (with
     ``input_shape`` or ``example_input``, and ``loss_fn``, as for :func:`estimate`) is split
     by data parallelism and by pipeline stages of contiguous top-level children, balanced
-    by parameter count (tp stays 1); it is traced once per micro-batch size tried.
+    by parameter count (tp stays 1); it is traced once per micro-batch size tried. With ``ep``
+    (its MoE layers' experts over ``ep`` GPUs), only data-parallel degrees that ``ep`` divides
+    are tried.
     """
     check_count("max_tp", max_tp)
-    s = resolve_setup(model, input_shape, optimizer, precision, 1, 1, 1, microbatches, schedule,
-                      gpu_memory_gb, zero, recompute, example_input=example_input,
-                      loss_fn=loss_fn)
+    s = resolve_setup(model, input_shape, optimizer, precision, ep, 1, 1, microbatches,
+                      schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
+                      loss_fn=loss_fn, ep=ep)
     if isinstance(s.model, nn.Module):
         module_price = module_pricer(s, "estimate per GPU")
         price = lambda dp, tp, pp: module_price(dp, pp)
@@ -326,7 +334,8 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
         tps = [2**i for i in range(max_tp.bit_length()) if decoder and 2**i <= max_tp
                and not tp_problem(s.model, 2**i)] or [1]
     ideal = math.ceil(price(1, 1, 1).total / s.capacity)
-    dps = [d for d in range(1, s.batch + 1) if s.batch % (d * microbatches) == 0]
+    dps = [d for d in range(1, s.batch + 1) if s.batch % (d * microbatches) == 0
+           and d % s.ep == 0]
     best = None
     for dp in dps:
         for tp in tps:

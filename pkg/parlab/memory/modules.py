@@ -9,6 +9,13 @@ meta device works) and prices it here (:func:`estimate_module`): the model state
 busiest pipeline stage from :func:`parlab.memory.model_state_bytes`, its activations times
 the micro-batches in flight on it.
 
+A :class:`~parlab.models.MoE` layer traced without values has no routing to follow: its
+experts run on the rows of an even load (:func:`parlab.models.even_rows`). Without a
+capacity that saves exactly what any routing saves (every assignment is computed somewhere);
+with one, it is an upper bound (a real routing may drop more). ``ep`` (expert parallelism)
+divides the experts' parameters over ``ep`` of the ``dp`` GPUs; with an even load a rank's
+experts see as many rows as its own tokens made, so the activations do not change.
+
 Pipeline stages are contiguous runs of the top-level children
 (:func:`parlab.memory.tracing.module_children`), balanced by parameter count or cut at
 ``split_points``. Tensor parallelism and selective recompute are modelled for transformer
@@ -25,6 +32,7 @@ from parlab.checks import check_count
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.states import check_split, model_state_bytes, ModelStates
 from parlab.memory.tracing import InputSpec, module_children, trace_module
+from parlab.models import MoE
 
 __all__ = ["module_setup", "stage_ranges", "estimate_module", "module_pricer"]
 
@@ -74,10 +82,33 @@ def _split_points(model: nn.Module, pp: int, split_points) -> tuple[int, ...] | 
     return points
 
 
+def _expert_parameters(model: nn.Module) -> set[int]:
+    """The ids of the parameters of every MoE layer's experts (what expert parallelism divides)."""
+    return {id(p) for m in model.modules() if isinstance(m, MoE) for p in m.experts.parameters()}
+
+
+def _check_ep(model: nn.Module, ep, dp: int) -> None:
+    check_count("ep", ep, "expert-parallel GPUs")
+    if ep == 1:
+        return
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        raise ValueError(f"ep={ep}: {type(model).__name__} has no MoE layer whose experts "
+                         f"could be divided; use ep=1")
+    for layer in layers:
+        if layer.config.n_experts % ep:
+            raise ValueError(f"ep={ep} does not divide n_experts={layer.config.n_experts}; "
+                             f"valid ep divide the number of experts")
+    if dp % ep:
+        raise ValueError(f"ep={ep} must divide dp={dp}: expert parallelism splits the experts "
+                         f"over data-parallel GPUs")
+
+
 def module_setup(model, input_shape, example_input, precision, optimizer, dp, tp, pp,
                  microbatches, schedule, capacity, zero, recompute, loss_fn,
-                 split_points) -> Setup:
+                 split_points, ep=1) -> Setup:
     """Check a module's job (the other arguments are already checked by ``resolve_setup``)."""
+    _check_ep(model, ep, dp)
     inputs = _inputs(input_shape, example_input)
     batch = inputs[0].shape[0]
     check_split(batch, dp, tp, pp, microbatches)
@@ -91,7 +122,7 @@ def module_setup(model, input_shape, example_input, precision, optimizer, dp, tp
         raise TypeError(f"loss_fn must be callable as loss_fn(output, *inputs), got {loss_fn!r}")
     points = _split_points(model, pp, split_points)
     return Setup(model, batch, 1, precision, optimizer, dp, tp, pp, microbatches, schedule,
-                 capacity, zero, recompute, inputs, loss_fn, points)
+                 capacity, zero, recompute, inputs, loss_fn, points, ep)
 
 
 # --- the estimate ----------------------------------------------------------------------------
@@ -134,15 +165,16 @@ def stage_ranges(model: nn.Module, pp: int, split_points=None) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def _stage_parameters(model: nn.Module, stage: range, first: bool) -> int:
+def _stage_parameters(model: nn.Module, stage: range, first: bool, ep: int = 1) -> int:
     """Parameters the GPU of a stage holds: its children's (shared ones once), and on the first
-    stage those that the model holds outside every child."""
+    stage those that the model holds outside every child; experts divided by ``ep``."""
     children = [c for _, c in module_children(model)]
     held = {id(p): p.numel() for i in stage for p in children[i].parameters()}
     if first:
         inside = {id(p) for c in children for p in c.parameters()}
         held |= {id(p): p.numel() for p in model.parameters() if id(p) not in inside}
-    return sum(held.values())
+    experts = _expert_parameters(model) if ep > 1 else set()
+    return sum(n // ep if key in experts else n for key, n in held.items())
 
 
 def estimate_module(s: Setup, label: str) -> Breakdown:
@@ -180,7 +212,7 @@ def _price(s: Setup, trace, label: str) -> Breakdown:
                          f"but {type(model).__name__} runs them in the order {names}")
     best = None
     for k, stage in enumerate(stage_ranges(model, s.pp, s.split_points)):
-        n = _stage_parameters(model, stage, k == 0)
+        n = _stage_parameters(model, stage, k == 0, s.ep)
         states = model_state_bytes(n, s.optimizer, s.precision.name, s.dp, s.zero) if n \
             else ModelStates(0, 0, 0, 0)
         kept, rebuilt = trace.stage_activations(stage, s.recompute)

@@ -36,6 +36,7 @@ one layer run two ways.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -48,7 +49,7 @@ from parlab.checks import check_choice, check_count, check_positive_number
 from parlab.models.ffn import SwiGLU
 
 __all__ = ["ROUTERS", "MoEConfig", "Routing", "route", "expert_capacity", "assign_slots",
-           "Router", "LocalExperts", "MoE", "RoutingStats"]
+           "Router", "LocalExperts", "MoE", "RoutingStats", "even_rows"]
 
 ROUTERS = ("switch", "topk", "deepseek")
 
@@ -176,12 +177,30 @@ class RoutingStats(NamedTuple):
         return int((~self.kept).sum())
 
 
+def _holds_no_values(x: torch.Tensor) -> bool:
+    """A fake or meta tensor (a memory estimate's trace): shapes only, no routing to follow."""
+    from torch._subclasses.fake_tensor import is_fake
+    return x.device.type == "meta" or is_fake(x)
+
+
+def even_rows(tokens: int, n_experts: int, top_k: int, capacity: int | None) -> int:
+    """The rows one expert runs on when the load is even: ``ceil(k T / E)``, at most
+    ``capacity``. What a memory estimate assumes, since a trace without values has no routing."""
+    rows = -(-top_k * tokens // n_experts)
+    return rows if capacity is None else min(rows, capacity)
+
+
 class LocalExperts:
     """The dispatcher that runs every expert here: ``y[t, j] = experts[e](x_t)`` for kept
     assignments, 0 for dropped ones (T x k x d). A dispatcher holds no weights (the layer
-    passes its ``experts``), so the layer's parameter names stay ``experts.<i>.*``."""
+    passes its ``experts``), so the layer's parameter names stay ``experts.<i>.*``.
+
+    On fake or meta tensors (a memory estimate's trace) there is no routing to follow: each
+    expert then runs on :func:`even_rows` rows, the shapes of an even load."""
 
     def __call__(self, experts, x, choices, slot, kept, capacity=None):
+        if _holds_no_values(x):
+            return self._even(experts, x, choices, capacity)
         flat = choices.reshape(-1)
         use = kept.reshape(-1)
         y = x.new_zeros(flat.numel(), x.shape[-1])
@@ -191,6 +210,16 @@ class LocalExperts:
             if rows.numel():
                 y = y.index_copy(0, rows, expert(x[tokens[rows]]))
         return y.view(*choices.shape, -1)
+
+    @staticmethod
+    def _even(experts, x, choices, capacity):
+        tokens, k = choices.shape
+        rows = even_rows(tokens, len(experts), k, capacity)
+        take = torch.arange(rows, device=x.device) % tokens
+        out = torch.cat([expert(x[take]) for expert in experts])
+        place = torch.arange(out.shape[0], device=x.device) % (tokens * k)
+        y = x.new_zeros(tokens * k, x.shape[-1]).index_add(0, place, out)
+        return y.view(tokens, k, -1)
 
 
 class MoE(nn.Module):
@@ -229,6 +258,17 @@ class MoE(nn.Module):
         out = (routing.gates.unsqueeze(-1) * y).sum(1)
         if self.shared is not None:
             out = out + self.shared(x)
-        load = torch.bincount(routing.experts[kept], minlength=c.n_experts)
-        self.last = RoutingStats(routing, kept, capacity, load)
-        return out.view(shape)
+        chosen = F.one_hot(routing.experts, c.n_experts) * kept.unsqueeze(-1)
+        load = chosen.sum((0, 1))                    # kept assignments per expert
+        if not _holds_no_values(x):  # (a memory estimate's trace leaves nothing behind)
+            self.last = RoutingStats(routing, kept, capacity, load)  # (with its graph: the
+        return out.view(shape)                                       # auxiliary loss needs it)
+
+    def __deepcopy__(self, memo):
+        """A copy without :attr:`last` (its routing is part of a graph, which cannot be
+        copied, and belongs to the pass that made it)."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = None if key == "last" else copy.deepcopy(value, memo)
+        return new
