@@ -355,10 +355,9 @@ mixtral = get_config("Mixtral-8x7B")
 counts = count_parameters(mixtral)
 print(f"total  {counts['total']:,}")
 print(f"active {counts['active']:,} per token")
-experts = mixtral.n_layers * mixtral.n_experts * 3 * mixtral.d_model * mixtral.d_ff
 held_gb = {}
-for ep in (1, 2, 4, 8):   # the experts divided over ep GPUs, everything else on each
-    held = counts["total"] - experts * (1 - 1 / ep)
+for ep in (1, 2, 4, 8):   # the routed experts divided over ep GPUs, everything else on each
+    held = counts["total"] - counts["routed_experts"] * (1 - 1 / ep)
     held_gb[ep] = 2 * held / 1e9
     print(f"ep = {ep}: {held / 1e9:5.2f} B parameters per GPU, {held_gb[ep]:6.1f} GB in bf16")
 
@@ -380,6 +379,39 @@ glue("gb_ep8", held_gb[8], ".1f")
 # GPU holds. Split by expert over two GPUs they take <span data-glue="gb_ep2">48.3</span> GB
 # each, over eight <span data-glue="gb_ep8">14.5</span> GB, before gradients, optimizer
 # state and activations (chapter 01).
+#
+# Two more published shapes, counted from their `config.json` the same way. Qwen3-30B-A3B
+# has narrow experts (128 of them, 8 per token) and heads wider than d_model / heads.
+# DeepSeek-V3 has 256 routed experts and a shared one in 58 of its 61 blocks, and a
+# low-rank attention of its own (multi-head latent attention), counted here but not built:
+
+# %%
+print(f"{'model':>14} {'total B':>8} {'active B':>9}   bf16 weights per GPU, GB, at ep =")
+print(f"{'':>14} {'':>8} {'':>9}   {'1':>7} {'8':>7} {'64':>7}")
+big = {}
+for name in ("Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"):
+    c = count_parameters(name)
+    n_experts = get_config(name).n_experts
+    per_gpu = [2 * (c["total"] - c["routed_experts"] * (1 - 1 / ep)) / 1e9 if ep <= n_experts
+               else float("nan") for ep in (1, 8, 64)]
+    big[name] = (c, per_gpu)
+    print(f"{name:>14} {c['total'] / 1e9:8.2f} {c['active'] / 1e9:9.2f}   " +
+          " ".join(f"{gb:7.1f}" for gb in per_gpu))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("ds_total", big["DeepSeek-V3"][0]["total"] / 1e9, ".0f")
+glue("ds_active", big["DeepSeek-V3"][0]["active"] / 1e9, ".1f")
+glue("ds_gb1", big["DeepSeek-V3"][1][0], ",.0f")
+glue("ds_gb64", big["DeepSeek-V3"][1][2], ".1f")
+
+# %% [markdown]
+# DeepSeek-V3's <span data-glue="ds_total">671</span> B parameters (the technical report's
+# number, without its multi-token-prediction module) take
+# <span data-glue="ds_gb1">1,342</span> GB in bf16, and a token uses
+# <span data-glue="ds_active">37.6</span> B of them. Its report trains with the experts
+# split 64 ways across 8 nodes: each GPU then holds <span data-glue="ds_gb64">54.7</span> GB
+# of weights, most of them the dense parts that every GPU keeps. Mixtral (8 experts) cannot
+# be split 64 ways (nan).
 #
 # ## 8. Explore
 #

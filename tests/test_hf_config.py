@@ -217,7 +217,8 @@ def test_bad_configs_are_clear_errors():
         from_hf_config({"model_type": "bert"})
     with pytest.raises(ValueError, match="unsupported model_type None"):
         from_hf_config({"hidden_size": 4096})
-    assert set(SUPPORTED_MODEL_TYPES) == {"gpt2", "llama", "mistral", "mixtral", "qwen3_moe"}
+    assert set(SUPPORTED_MODEL_TYPES) == {"gpt2", "llama", "mistral", "mixtral", "qwen3_moe",
+                                          "deepseek_v3"}
     llama = HF_PRESETS["Llama-3-8B"]
     missing = {k: v for k, v in llama.items() if k != "intermediate_size"}
     with pytest.raises(ValueError, match="llama config 'llama' is missing the required field "

@@ -207,3 +207,27 @@ def test_a_small_mixtral_trains_and_counts_what_it_builds():
         small.replace(n_experts=0)
     with pytest.raises(ValueError, match="top_k=5 is larger than n_experts=4"):
         small.replace(experts_per_token=5)
+
+
+def test_deepseek_v3_counts_are_the_reports():
+    """DeepSeek-V3 (deepseek-ai/DeepSeek-V3, config.json): the technical report (arXiv
+    2412.19437, abstract) gives 671 B parameters, 37 B activated per token, without the
+    multi-token-prediction module. Multi-head latent attention, 3 dense blocks, 58 blocks of
+    256 routed experts + 1 shared, 8 routed per token. Active, counted as for Mixtral (both
+    embedding matrices included), is 37.55 B: the report's 37 cuts the decimals off, as
+    Qwen3's card does."""
+    from parlab import memory
+    from parlab.models import build_model, count_parameters, get_config
+    counts = count_parameters("DeepSeek-V3")
+    assert round(counts["total"] / 1e9) == 671 and 37 <= counts["active"] / 1e9 < 38
+    c = get_config("DeepSeek-V3")
+    # one expert block by hand: attention through the low-rank bottlenecks, then the experts
+    mla = (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256
+           + 128 * 128 * 7168)
+    assert counts["attention"] == mla
+    assert counts["feed_forward"] == 257 * 3 * 7168 * 2048 + 7168 * 256 + 256
+    assert c.dense_layers == 3 and c.n_layers - c.dense_layers == 58
+    with pytest.raises(ValueError, match="counted .count_parameters., not built"):
+        build_model("DeepSeek-V3")
+    with pytest.raises(ValueError, match="the memory calculator does not model DeepSeek-V3"):
+        memory.estimate("DeepSeek-V3", (8, 128))

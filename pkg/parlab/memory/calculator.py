@@ -74,7 +74,7 @@ from parlab.memory.tracing import module_children
 from parlab.memory.states import (
     check_optimizer, check_precision, check_split, check_zero, model_state_bytes
 )
-from parlab.models import BookMLP, get_config
+from parlab.models import BookMLP, DeepSeekV3Config, get_config
 from parlab.checks import check_count
 
 __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
@@ -93,6 +93,8 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     """
     if isinstance(model, (str, dict, os.PathLike)):
         model = get_config(model)
+    if isinstance(model, DeepSeekV3Config):
+        model.check_modelled("the memory calculator")
     if not isinstance(model, (*DECODERS, BookMLP, nn.Module)):
         raise TypeError(f"model must be a TransformerConfig or a LlamaConfig (or a config name, "
                         f"a Hugging Face config dict or config.json path), a BookMLP, or any "

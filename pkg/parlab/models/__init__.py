@@ -33,9 +33,10 @@ from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
 from parlab.models.compare import max_difference
+from parlab.models.deepseek import count_deepseek_parameters, DeepSeekV3Config
 from parlab.models.moe import (
-    assign_slots, expert_capacity, LocalExperts, MoE, MoEConfig, Router, ROUTERS, route, Routing,
-    RoutingStats
+    assign_slots, even_rows, expert_capacity, LocalExperts, MoE, MoEConfig, Router, ROUTERS,
+    route, Routing, RoutingStats
 )
 from parlab.models.moe_balance import (
     assignment_counts, BalancingLoss, BiasUpdate, load_balancing_loss, load_ratio,
@@ -57,5 +58,6 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
            "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference",
            "MoEConfig", "MoE", "Router", "ROUTERS", "route", "Routing", "RoutingStats",
-           "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU", "load_balancing_loss",
+           "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU", "DeepSeekV3Config",
+           "count_deepseek_parameters", "even_rows", "load_balancing_loss",
            "BalancingLoss", "update_router_bias", "BiasUpdate", "assignment_counts", "load_ratio"]

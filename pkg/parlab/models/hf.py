@@ -14,7 +14,9 @@ actually train. ``model_type`` picks the family:
 - ``"mixtral"``: the same, with a mixture of experts in every block (num_local_experts
   experts of intermediate_size each, num_experts_per_tok per token);
 - ``"qwen3_moe"``: the same again (num_experts experts of moe_intermediate_size each), with
-  head_dim heads (not hidden_size / heads) and an RMSNorm on each head's query and key.
+  head_dim heads (not hidden_size / heads) and an RMSNorm on each head's query and key;
+- ``"deepseek_v3"``: a :class:`~parlab.models.deepseek.DeepSeekV3Config`, counted but not
+  built (multi-head latent attention).
 
 Fields that change no parameter are not kept: ``rope_scaling`` (Llama 3.1+), Mistral's
 ``sliding_window`` (the built model attends to the whole context), dropout, token ids.
@@ -35,6 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from parlab.models.deepseek import count_deepseek_parameters, DeepSeekV3Config
 from parlab.models.llama import LlamaConfig, build_llama, count_llama_parameters
 from parlab.models.transformer import CONFIGS, TransformerConfig, build_gpt, count_gpt_parameters
 
@@ -93,6 +96,18 @@ HF_PRESETS: dict[str, dict] = {
         "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
         "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "vocab_size": 151936},
+    "DeepSeek-V3": {  # deepseek-ai/DeepSeek-V3
+        "architectures": ["DeepseekV3ForCausalLM"], "first_k_dense_replace": 3,
+        "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+        "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+        "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8,
+        "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+        "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+        "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280},
 }
 
 
@@ -135,8 +150,21 @@ def _experts(cfg: dict, need, opt) -> tuple[int, int, int]:
     return need("num_experts"), need("num_experts_per_tok"), need("moe_intermediate_size")
 
 
+def _deepseek(cfg: dict, name: str, need, opt) -> DeepSeekV3Config:
+    if opt("moe_layer_freq", 1) != 1:
+        raise ValueError("moe_layer_freq other than 1 is not modelled: every block after the "
+                         "first_k_dense_replace dense ones is a mixture of experts")
+    return DeepSeekV3Config(
+        name, need("hidden_size"), need("num_hidden_layers"), opt("first_k_dense_replace", 0),
+        need("intermediate_size"), need("moe_intermediate_size"), need("n_routed_experts"),
+        opt("n_shared_experts", 0), need("num_experts_per_tok"), need("vocab_size"),
+        need("num_attention_heads"), need("q_lora_rank"), need("kv_lora_rank"),
+        need("qk_nope_head_dim"), need("qk_rope_head_dim"), need("v_head_dim"),
+        opt("tie_word_embeddings", False))
+
+
 _PARSERS = {"gpt2": _gpt2, "llama": _llama, "mistral": _llama, "mixtral": _llama,
-            "qwen3_moe": _llama}
+            "qwen3_moe": _llama, "deepseek_v3": _deepseek}
 #: The ``model_type`` values :func:`from_hf_config` reads.
 SUPPORTED_MODEL_TYPES = tuple(_PARSERS)
 
@@ -200,7 +228,7 @@ def get_config(name) -> TransformerConfig | LlamaConfig:
     """A config: the config itself; a name (as in ``CONFIGS`` or :data:`HF_CONFIGS`); a
     Hugging Face ``config.json`` as a dict, or its path (a ``Path``, or a string naming a file
     or folder that exists, or ending in ``.json``), read by :func:`from_hf_config`."""
-    if isinstance(name, (TransformerConfig, LlamaConfig)):
+    if isinstance(name, (TransformerConfig, LlamaConfig, DeepSeekV3Config)):
         return name
     if isinstance(name, dict) or isinstance(name, os.PathLike):
         return from_hf_config(name)
@@ -221,12 +249,15 @@ def count_parameters(config: TransformerConfig | LlamaConfig | str) -> dict[str,
 
     The same keys for every family: ``attention``, ``feed_forward``, ``layer_norms``,
     ``block``, ``blocks``, ``token_embedding``, ``position_embedding``, ``final_norm``,
-    ``lm_head``, ``total``, ``active`` (what one token uses), ``tensors`` (see ``count_gpt_parameters`` and
+    ``lm_head``, ``total``, ``active`` (what one token uses), ``routed_experts`` (what
+    expert parallelism divides), ``tensors`` (see ``count_gpt_parameters`` and
     ``count_llama_parameters`` for what each holds).
     """
     config = get_config(config)
     if isinstance(config, LlamaConfig):
         return count_llama_parameters(config)
+    if isinstance(config, DeepSeekV3Config):
+        return count_deepseek_parameters(config)
     return count_gpt_parameters(config)
 
 
@@ -237,6 +268,9 @@ def build_model(config: TransformerConfig | LlamaConfig | str, seed: int | None 
     Both have ``.blocks`` (an ``nn.ModuleList``), ``.lm_head`` and ``.loss(ids, targets)``.
     """
     config = get_config(config)
+    if isinstance(config, DeepSeekV3Config):
+        raise ValueError(f"{config.name} is counted (count_parameters), not built: its "
+                         f"multi-head latent attention is not among the blocks built here")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, "
                         f"got {dtype!r}")

@@ -155,7 +155,8 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
     ``feed_forward`` is every expert plus the router (``d x n_experts``), and ``active`` (what
     one token uses: everything but the experts it did not choose, the embedding and the
     output layer included) is ``total`` less ``n_layers (n_experts - experts_per_token)``
-    experts; without experts ``active`` is ``total``.
+    experts; without experts ``active`` is ``total``. ``routed_experts``: the parameters of
+    all the routed experts (what expert parallelism divides), 0 without experts.
     """
     c = config
     d, f, kv, dq = c.d_model, c.d_ff, c.d_kv, c.d_q
@@ -181,6 +182,7 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
                                               "final_norm", "lm_head"))
     unused = (c.n_experts - c.experts_per_token) * expert if c.n_experts else 0
     counts["active"] = counts["total"] - c.n_layers * unused
+    counts["routed_experts"] = c.n_layers * c.n_experts * expert
     per_block = (4 * (2 if c.attention_bias else 1) + 3 * (2 if c.mlp_bias else 1) * experts + 2
                  + (1 if c.n_experts else 0) + (2 if c.qk_norm else 0))
     counts["tensors"] = per_block * c.n_layers + 2 + (0 if c.tied_embeddings else 1)

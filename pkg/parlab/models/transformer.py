@@ -133,6 +133,7 @@ def count_gpt_parameters(config: TransformerConfig) -> dict[str, int]:
     counts["total"] = sum(counts[k] for k in ("blocks", "token_embedding", "position_embedding",
                                               "final_norm", "lm_head"))
     counts["active"] = counts["total"]  # every parameter serves every token (no experts)
+    counts["routed_experts"] = 0
     counts["tensors"] = 16 * c.n_layers + 4 + (0 if c.tied_embeddings else 1)
     return counts
 
