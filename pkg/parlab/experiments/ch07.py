@@ -187,10 +187,9 @@ def balancing_runs(steps: int = 30, tokens: int = 64, alpha: float = 1.0, gamma:
         moe = MoE(EXAMPLE.replace(capacity_factor=None, router=router), seed=0)
         with torch.no_grad():
             moe.router.gate.weight[0] += lean
-        opt = torch.optim.SGD(moe.parameters(), lr=lr)
         ratios[name] = []
         for _ in range(steps):
-            opt.zero_grad()
+            moe.zero_grad(set_to_none=True)
             loss = ((moe(x) - target) ** 2).mean()
             counts = assignment_counts(moe.last.routing.experts, EXAMPLE.n_experts)
             ratios[name].append(round(load_ratio(counts), 3))
@@ -198,7 +197,10 @@ def balancing_runs(steps: int = 30, tokens: int = 64, alpha: float = 1.0, gamma:
                 loss = loss + load_balancing_loss(moe.last.routing, EXAMPLE.n_experts,
                                                   alpha).loss
             loss.backward()
-            opt.step()
+            with torch.no_grad():  # plain SGD (torch.optim would import torch._dynamo here)
+                for p in moe.parameters():
+                    if p.grad is not None:
+                        p -= lr * p.grad
             if name == "bias update":
                 update_router_bias(moe, gamma)
     return pd.DataFrame({"step": range(steps), **ratios})

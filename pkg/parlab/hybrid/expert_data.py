@@ -61,8 +61,17 @@ def _problem(config, dp, tokens, steps, seed):
     return x, torch.randn(steps, dp * tokens, config.d_model, generator=g)
 
 
-def _step(model, opt, x, y, groups=1):
-    opt.zero_grad()
+def _sgd(model, lr):
+    """Plain SGD, written out: ``torch.optim`` would import ``torch._dynamo`` into the
+    notebook's kernel on first use (seconds) for the same three lines."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+
+
+def _step(model, x, y, groups=1):
+    model.zero_grad(set_to_none=True)
     loss = ((model(x, groups=groups) - y) ** 2).mean()
     loss.backward()
     return loss
@@ -79,17 +88,16 @@ def expert_data_rank(config: MoEConfig, dp: int, ep: int, tokens: int = 8, steps
     model = apply_expert_parallel(MoEBlock(config, seed), groups["expert"])
     x, y = _problem(config, dp, tokens, steps, seed)
     mine = slice(rank * tokens, (rank + 1) * tokens)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
     dense = [p for n, p in model.named_parameters() if ".experts." not in n]
     experts = [p for n, p in model.named_parameters() if ".experts." in n]
     for step in range(steps):
-        _step(model, opt, x[step, mine], y[step, mine])
+        _step(model, x[step, mine], y[step, mine])
         all_reduce_buckets([p.grad for p in dense])                     # over every rank
         all_reduce_buckets([p.grad for p in experts], average=False,
                            group=groups["expert_data"])                  # over the holders
         for p in experts:
             p.grad /= dp                                                 # the dense weights' 1/dp
-        opt.step()
+        _sgd(model, lr)
     ids = local_experts(config.n_experts, ep, ep_rank)
     named = {}
     for name, p in model.named_parameters():
@@ -127,12 +135,11 @@ def run_expert_data(config: MoEConfig | None = None, dp: int = 4, ep: int = 2, t
     local_experts(config.n_experts, ep, 0)
     record = run(expert_data_rank, dp, config, dp, ep, tokens, steps, lr, seed, backend=backend)
     model = MoEBlock(config, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
     x, y = _problem(config, dp, tokens, steps, seed)
     dropped = 0
     for step in range(steps):
-        _step(model, opt, x[step], y[step], groups=dp)
-        opt.step()
+        _step(model, x[step], y[step], groups=dp)
+        _sgd(model, lr)
         dropped += model.moe.last.dropped
     reference = {n: p.detach().clone() for n, p in model.named_parameters()}
     error = max(max_difference(rank, {n: reference[n] for n in rank}) for rank in record)
