@@ -246,18 +246,29 @@ print("naive, bytes to each rank:        ", routed_bytes(twice, ones, 4, 2, 8))
 print("once per rank, bytes to each rank:", routed_bytes(twice, ones, 4, 2, 8, once_per_rank=True))
 # the same 4 GPUs and the same 32 tokens: expert-parallel ranks each route their own 8;
 # tensor-parallel ranks all work on all 32, each with a quarter of every expert
-tp = tensor_parallel_expert_bytes(RANKS * TOKENS, EXAMPLE.d_model, RANKS)
-print(f"per rank and layer: expert-parallel {2 * even.closed_form:.0f} B (dispatch and "
-      f"combine), tensor-parallel experts {tp:.0f} B (one all-reduce)")
+tp = tensor_parallel_expert_bytes(RANKS * TOKENS, EXAMPLE.d_model, RANKS)  # one all-reduce
+for step in ("forward", "backward"):
+    print(f"{step:>8}, bytes per rank: expert-parallel {max(even.sent[step])} (measured, "
+          f"busiest rank), tensor-parallel experts {tp:.0f}")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
-glue("ep_over_tp", 2 * even.closed_form / tp, ".2g")
+step_sent = [f + b for f, b in zip(even.sent["forward"], even.sent["backward"])]
+glue("ep_over_tp", max(step_sent) / (2 * tp), ".2g")
 
 # %% [markdown]
-# (The byte lists count the entry of the rank itself too, which stays home.) For the same
-# work on the same GPUs, the all-to-alls move <span data-glue="ep_over_tp">0.5</span> times
-# the bytes of the all-reduce. Per rank and per token of its own, dispatch and combine send
-# `2k·d·(n−1)/n` values and the tensor-parallel all-reduce `2(n−1)·d`: a ratio of k/n, so
+# (The byte lists count the entry of the rank itself too, which stays home.) Every
+# collective of the layer is counted on both sides. Expert parallelism's forward pass is the
+# all-to-all of counts, the dispatch and the combine; its backward pass runs dispatch and
+# combine again, reversed (the toy log measures all of it). Tensor-parallel experts (each
+# expert's gate and up projections split by columns, its down projection by rows, as in
+# chapter 04) all-reduce the layer's output in the forward pass and the gradient of its
+# input in the backward pass, one ring all-reduce of every token's d floats each. Over a
+# training step, for the same work on the same GPUs, the busiest expert-parallel rank sends
+# <span data-glue="ep_over_tp">0.45</span> times the bytes of a tensor-parallel one. Per
+# rank and per token of its own, in each pass, dispatch and combine send `2k·d·(n−1)/n`
+# values and the tensor-parallel all-reduce `2(n−1)·d`: a ratio of k/n for an even load
+# without drops (here the load is uneven, some assignments were dropped, and the counts add
+# a few bytes), so
 # expert parallelism moves less whenever a token picks fewer experts than there are ranks
 # (with fixed-capacity buffers, when the capacity factor times k is below n). If the layers
 # around the experts are data parallel, the tensor-parallel experts need an all-gather and

@@ -231,3 +231,18 @@ def test_expert_fixed_capacity_buffers_cost_the_same_whatever_the_routing():
         pairs = {(t.src, t.dst): t.nbytes for t in log.filter(call=call).records}
         assert pairs == {(s, d): (4 // n) * capacity * D * 4
                          for s in range(n) for d in range(n) if s != d}
+
+
+def test_expert_layer_step_counts_every_all_to_all_of_both_passes():
+    """What chapter 07 compares with tensor-parallel experts: per rank, the forward pass sends
+    the counts (E_local int64 to each peer), the dispatch (its kept rows to other ranks) and the
+    combine (back every row it received); the backward pass the dispatch and combine again."""
+    from parlab.experiments import run_expert_layer
+    run = run_expert_layer()
+    n = run.ranks
+    for r in range(n):
+        dispatch = sum(b for d, b in enumerate(run.routed[r]) if d != r)
+        received = sum(run.routed[s][r] for s in range(n) if s != r)
+        counts = (n - 1) * (4 // n) * 8
+        assert run.sent["forward"][r] == counts + dispatch + received
+        assert run.sent["backward"][r] == dispatch + received

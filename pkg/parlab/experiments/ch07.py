@@ -103,7 +103,9 @@ class ExpertRun:
     every parameter gradient); ``matrix[s][d]``: dispatch bytes rank s sent rank d (from the
     toy log); ``routed``: the same from the ranks' routing (:func:`routed_bytes`);
     ``closed_form``: :func:`dispatch_bytes` for an even load; ``load``: kept assignments per
-    expert over all ranks; ``dropped``: assignments dropped.
+    expert over all ranks; ``dropped``: assignments dropped; ``sent``: per pass
+    ("forward", "backward"), the bytes each rank sent in all of that pass's all-to-alls (the
+    forward's counts, dispatch and combine; the backward's two, reversed), from the toy log.
     """
 
     ranks: int
@@ -114,6 +116,7 @@ class ExpertRun:
     closed_form: float
     load: list
     dropped: int
+    sent: dict
 
 
 def _layer_rank(config, skewed, tokens, layout):
@@ -157,13 +160,17 @@ def run_expert_layer(config: MoEConfig = EXAMPLE, ranks: int = RANKS, skewed: bo
         total = held[0] if name.startswith("experts.") else sum(held)  # replicated: summed
         want = torch.zeros_like(p) if p.grad is None else p.grad  # an expert no token chose
         error = max(error, (total - want).abs().max().item())
-    calls = sorted({t.call for t in record.traffic.filter(op="all_to_all").records})
-    dispatch = calls[1] if layout == "uneven" else calls[0]  # (uneven: the counts go first)
-    matrix = record.traffic.filter(op="all_to_all", call=dispatch).matrix(n=ranks).tolist()
+    log = record.traffic.filter(op="all_to_all")
+    calls = sorted({t.call for t in log.records})
+    forward = 3 if layout == "uneven" else 2  # (uneven: the counts go first)
+    matrix = log.filter(call=calls[forward - 2]).matrix(n=ranks).tolist()
+    sent = {"forward": [0] * ranks, "backward": [0] * ranks}
+    for t in log.records:
+        sent["forward" if t.call in calls[:forward] else "backward"][t.src] += t.nbytes
     return ExpertRun(ranks, skewed, error, matrix, [r["routed"] for r in record],
                      dispatch_bytes(tokens, config.top_k, config.d_model, ranks),
                      sum(r["load"] for r in record).tolist(),
-                     sum(r["dropped"] for r in record))
+                     sum(r["dropped"] for r in record), sent)
 
 
 def balancing_runs(steps: int = 30, tokens: int = 64, alpha: float = 1.0, gamma: float = 0.01,
