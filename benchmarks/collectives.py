@@ -41,7 +41,9 @@ import torch
 import torch.distributed as dist
 
 from parlab.comm import bus_bandwidth
-from parlab.comm.toy import algorithms as toy_algorithms, backend as toy_backend, wire as toy_wire
+from parlab.comm.toy import (
+    algorithms as toy_algorithms, backend as toy_backend, wire as toy_wire, work as toy_work
+)
 from parlab.launch import run
 
 
@@ -53,8 +55,8 @@ def _bare_ring(tensor, group, call):
     chunks = list(tensor.tensor_split(n))
     buffers = [torch.empty_like(chunks[0]) for _ in range(min(toy_wire.RING_BUFFERS, n - 1))]
     early = toy_algorithms.ring_all_gather_receives(wire, chunks, step0=n - 1)
-    toy_algorithms.ring_reduce_scatter(wire, chunks, chunks[r],
-                                       lambda a, b, out: torch.add(a, b, out=out), buffers)
+    toy_algorithms.ring_reduce_scatter(wire, chunks, chunks[r], toy_work.combiner("SUM"),
+                                       buffers)
     toy_algorithms.ring_all_gather(wire, chunks, step0=n - 1, posted=early)
     wire.finish()
 

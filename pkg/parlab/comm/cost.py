@@ -126,7 +126,8 @@ def bus_bandwidth(op: str, nbytes: float, seconds: float, n: int) -> float:
     """Bus bandwidth in bytes/s as nccl-tests defines it: (nbytes / seconds) x factor(op, n).
 
     The factor is 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
-    all-to-all (each rank keeps 1/n of its buffer), and 1 for broadcast, so that bus bandwidth is comparable across rank counts.
+    all-to-all (each rank keeps 1/n of its buffer), and 1 for broadcast, so that bus
+    bandwidth is comparable across rank counts.
     """
     if op not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
         raise ValueError(f"no bus-bandwidth factor for {op!r}; known: "

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from parlab.checks import check_count
 from parlab.expert_parallel import (
-    apply_expert_parallel, dispatch_bytes, local_experts, routed_bytes
+    apply_expert_parallel, dispatch_bytes, global_parameter_names, local_experts, routed_bytes
 )
 from parlab.launch import run
 from parlab.models import (
@@ -127,13 +127,8 @@ def _layer_rank(config, skewed, tokens, layout):
     moe = apply_expert_parallel(example_layer(config, skewed), layout=layout)
     out = moe(x)
     (out * w[mine]).sum().backward()
-    ids = local_experts(config.n_experts, n, r)
-    grads = {}
-    for name, p in moe.named_parameters():
-        if name.startswith("experts."):
-            _, i, rest = name.split(".", 2)
-            name = f"experts.{ids[int(i)]}.{rest}"
-        grads[name] = p.grad
+    names = global_parameter_names(moe)
+    grads = {names[name]: p.grad for name, p in moe.named_parameters()}
     stats = moe.last
     return {"out": out.detach(), "x.grad": x.grad, "grads": grads,
             "routed": routed_bytes(stats.routing.experts, stats.kept, config.n_experts, n,

@@ -10,10 +10,13 @@ routing, in closed form, and against tensor-parallel experts). Imports :mod:`par
 
 from parlab.expert_parallel.all_to_all import all_to_all
 from parlab.expert_parallel.dispatch import AllToAllDispatcher, LAYOUTS
-from parlab.expert_parallel.parallelize import apply_expert_parallel, local_experts
+from parlab.expert_parallel.parallelize import (
+    apply_expert_parallel, global_parameter_names, local_experts
+)
 from parlab.expert_parallel.traffic import (
     dispatch_bytes, routed_bytes, tensor_parallel_expert_bytes
 )
 
 __all__ = ["all_to_all", "AllToAllDispatcher", "LAYOUTS", "apply_expert_parallel",
-           "local_experts", "dispatch_bytes", "routed_bytes", "tensor_parallel_expert_bytes"]
+           "local_experts", "global_parameter_names", "dispatch_bytes", "routed_bytes",
+           "tensor_parallel_expert_bytes"]

@@ -15,7 +15,7 @@ from torch import nn
 from parlab.expert_parallel.dispatch import AllToAllDispatcher
 from parlab.models import MoE
 
-__all__ = ["apply_expert_parallel", "local_experts"]
+__all__ = ["apply_expert_parallel", "local_experts", "global_parameter_names"]
 
 
 def local_experts(n_experts: int, ep: int, rank: int) -> range:
@@ -39,3 +39,19 @@ def apply_expert_parallel(model: nn.Module, group=None, layout: str = "uneven") 
         layer.experts = nn.ModuleList(layer.experts[i] for i in ids)
         layer.dispatcher = AllToAllDispatcher(layer.config.n_experts, group, layout)
     return model
+
+
+def global_parameter_names(model: nn.Module, group=None) -> dict[str, str]:
+    """Each parameter's name in ``model`` (after :func:`apply_expert_parallel` over ``group``)
+    mapped to its name in the unsplit model: a kept expert's local index becomes its global
+    id (``experts.0.*`` on rank 1 of 2 with 4 experts is ``experts.2.*``); others keep theirs."""
+    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    names = {name: name for name, _ in model.named_parameters()}
+    for prefix, layer in model.named_modules():
+        if isinstance(layer, MoE):
+            ids = local_experts(layer.config.n_experts, ep, rank)
+            head = f"{prefix}." if prefix else ""
+            for i, expert in enumerate(layer.experts):
+                for name, _ in expert.named_parameters():
+                    names[f"{head}experts.{i}.{name}"] = f"{head}experts.{ids[i]}.{name}"
+    return names

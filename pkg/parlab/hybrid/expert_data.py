@@ -33,9 +33,9 @@ from torch import nn
 from parlab.checks import check_count
 from parlab.comm import Mesh, TrafficLog
 from parlab.data_parallel import all_reduce_buckets
-from parlab.expert_parallel import apply_expert_parallel, local_experts
+from parlab.expert_parallel import apply_expert_parallel, global_parameter_names, local_experts
 from parlab.launch import run
-from parlab.models import MoE, MoEConfig, max_difference
+from parlab.models import expert_parameters, MoE, MoEConfig, max_difference
 
 __all__ = ["ExpertDataRun", "run_expert_data", "expert_data_rank", "MoEBlock"]
 
@@ -84,12 +84,13 @@ def expert_data_rank(config: MoEConfig, dp: int, ep: int, tokens: int = 8, steps
     Returns this rank's parameters after training, under their global names.
     """
     groups = Mesh(dp=dp).build_expert_groups(ep)
-    rank, ep_rank = dist.get_rank(), dist.get_rank(groups["expert"])
+    rank = dist.get_rank()
     model = apply_expert_parallel(MoEBlock(config, seed), groups["expert"])
     x, y = _problem(config, dp, tokens, steps, seed)
     mine = slice(rank * tokens, (rank + 1) * tokens)
-    dense = [p for n, p in model.named_parameters() if ".experts." not in n]
-    experts = [p for n, p in model.named_parameters() if ".experts." in n]
+    routed = expert_parameters(model)
+    dense = [p for p in model.parameters() if id(p) not in routed]
+    experts = [p for p in model.parameters() if id(p) in routed]
     for step in range(steps):
         _step(model, x[step, mine], y[step, mine])
         all_reduce_buckets([p.grad for p in dense])                     # over every rank
@@ -98,14 +99,8 @@ def expert_data_rank(config: MoEConfig, dp: int, ep: int, tokens: int = 8, steps
         for p in experts:
             p.grad /= dp                                                 # the dense weights' 1/dp
         _sgd(model, lr)
-    ids = local_experts(config.n_experts, ep, ep_rank)
-    named = {}
-    for name, p in model.named_parameters():
-        if ".experts." in name:
-            head, i, rest = name.split(".experts.")[0], *name.split(".experts.")[1].split(".", 1)
-            name = f"{head}.experts.{ids[int(i)]}.{rest}"
-        named[name] = p.detach().clone()
-    return named
+    names = global_parameter_names(model, groups["expert"])
+    return {names[name]: p.detach().clone() for name, p in model.named_parameters()}
 
 
 @dataclass

@@ -32,7 +32,7 @@ from parlab.checks import check_count
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.states import check_split, model_state_bytes, ModelStates
 from parlab.memory.tracing import InputSpec, module_children, trace_module
-from parlab.models import MoE
+from parlab.models import expert_parameters, MoE
 
 __all__ = ["module_setup", "stage_ranges", "estimate_module", "module_pricer"]
 
@@ -80,11 +80,6 @@ def _split_points(model: nn.Module, pp: int, split_points) -> tuple[int, ...] | 
     if len(points) != pp - 1:
         raise ValueError(f"split_points={list(points)} cut {len(points) + 1} stages but pp={pp}")
     return points
-
-
-def _expert_parameters(model: nn.Module) -> set[int]:
-    """The ids of the parameters of every MoE layer's experts (what expert parallelism divides)."""
-    return {id(p) for m in model.modules() if isinstance(m, MoE) for p in m.experts.parameters()}
 
 
 def _check_ep(model: nn.Module, ep, dp: int) -> None:
@@ -173,7 +168,7 @@ def _stage_parameters(model: nn.Module, stage: range, first: bool, ep: int = 1) 
     if first:
         inside = {id(p) for c in children for p in c.parameters()}
         held |= {id(p): p.numel() for p in model.parameters() if id(p) not in inside}
-    experts = _expert_parameters(model) if ep > 1 else set()
+    experts = expert_parameters(model) if ep > 1 else set()
     return sum(n // ep if key in experts else n for key, n in held.items())
 
 

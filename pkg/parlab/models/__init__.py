@@ -35,8 +35,8 @@ from parlab.models.cnn import (
 from parlab.models.compare import max_difference
 from parlab.models.deepseek import count_deepseek_parameters, DeepSeekV3Config
 from parlab.models.moe import (
-    assign_slots, even_rows, expert_capacity, LocalExperts, MoE, MoEConfig, Router, ROUTERS,
-    route, Routing, RoutingStats
+    assign_slots, even_rows, expert_capacity, expert_parameters, LocalExperts, MoE, MoEConfig,
+    Router, ROUTERS, route, Routing, RoutingStats
 )
 from parlab.models.moe_balance import (
     assignment_counts, BalancingLoss, BiasUpdate, load_balancing_loss, load_ratio,
@@ -59,5 +59,5 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference",
            "MoEConfig", "MoE", "Router", "ROUTERS", "route", "Routing", "RoutingStats",
            "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU", "DeepSeekV3Config",
-           "count_deepseek_parameters", "even_rows", "load_balancing_loss",
+           "count_deepseek_parameters", "even_rows", "expert_parameters", "load_balancing_loss",
            "BalancingLoss", "update_router_bias", "BiasUpdate", "assignment_counts", "load_ratio"]

@@ -49,7 +49,7 @@ from parlab.checks import check_choice, check_count, check_positive_number
 from parlab.models.ffn import SwiGLU
 
 __all__ = ["ROUTERS", "MoEConfig", "Routing", "route", "expert_capacity", "assign_slots",
-           "Router", "LocalExperts", "MoE", "RoutingStats", "even_rows"]
+           "Router", "LocalExperts", "MoE", "RoutingStats", "even_rows", "expert_parameters"]
 
 ROUTERS = ("switch", "topk", "deepseek")
 
@@ -272,3 +272,9 @@ class MoE(nn.Module):
         for key, value in self.__dict__.items():
             new.__dict__[key] = None if key == "last" else copy.deepcopy(value, memo)
         return new
+
+
+def expert_parameters(model: nn.Module) -> set[int]:
+    """The ids of the parameters of every MoE layer's routed experts in ``model``: what expert
+    parallelism divides over ranks (the router and any shared expert stay replicated)."""
+    return {id(p) for m in model.modules() if isinstance(m, MoE) for p in m.experts.parameters()}
