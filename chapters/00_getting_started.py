@@ -192,7 +192,7 @@ def forgetful():
         dist.all_reduce(torch.ones(1))
 
 
-timeout = 2
+timeout = 1
 try:
     run(forgetful, 3, timeout=timeout)
 except launch.RankTimeoutError as err:

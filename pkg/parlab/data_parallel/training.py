@@ -274,16 +274,29 @@ def training_trace(runs, path=None) -> dict:
 
 
 def reference(spec: TrainSpec) -> RankRun:
-    """One process, no torch.distributed: plain SGD on the whole batch at once."""
+    """One process, no torch.distributed: SGD on the whole batch at once.
+
+    The update is written out, as :func:`make_optimizer`'s ``torch.optim.SGD`` computes it
+    (momentum buffer b = g on the first step, then b = m·b + g; w -= lr·b): an independent
+    check of the ranks' optimizer, and no ``torch._dynamo`` import (seconds) in the caller.
+    """
     model = make_model(spec)
-    optimizer = make_optimizer(spec, model.parameters())
+    params = list(model.parameters())
+    buffers: list = [None] * len(params)
     run = RankRun(0, [], [], [], {})
     for i in range(spec.steps):
         x, target = make_batch(spec, i)
-        optimizer.zero_grad()
+        model.zero_grad()
         loss = nn.functional.mse_loss(model(x), target)
         loss.backward()
-        optimizer.step()
+        with torch.no_grad():
+            for j, p in enumerate(params):
+                update = p.grad
+                if spec.momentum:
+                    buffers[j] = (update.clone() if buffers[j] is None
+                                  else buffers[j].mul_(spec.momentum).add_(update))
+                    update = buffers[j]
+                p.add_(update, alpha=-spec.lr)
         run.losses.append(loss.item())
     run.state = _cpu_state(model)
     return run

@@ -171,7 +171,9 @@ def reference_step(net: Network, lr: float) -> dict:
     model = torch.nn.Sequential(*net.build())
     x, target = net.batch()
     net.loss(model(x), target, x.shape[0]).backward()
-    torch.optim.SGD(model.parameters(), lr=lr).step()
+    with torch.no_grad():  # SGD written out: torch.optim would import torch._dynamo (seconds)
+        for p in model.parameters():
+            p.add_(p.grad, alpha=-lr)
     return {j: (layer[0].weight.detach().clone(), layer[0].bias.detach().clone())
             for j, layer in enumerate(model)}
 
