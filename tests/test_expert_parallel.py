@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from parlab.comm import all_to_all
 from parlab.expert_parallel import (
-    all_to_all, apply_expert_parallel, dispatch_bytes, local_experts, routed_bytes,
+    apply_expert_parallel, dispatch_bytes, local_experts, routed_bytes,
     tensor_parallel_expert_bytes
 )
 from parlab.experiments import example_layer

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from parlab.expert_parallel.all_to_all import all_to_all
+from parlab.comm import all_to_all
 
 __all__ = ["AllToAllDispatcher", "LAYOUTS"]
 

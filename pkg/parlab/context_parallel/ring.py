@@ -1,0 +1,128 @@
+"""Ring attention: queries stay, key/value blocks travel round the ring of ranks.
+
+Each of the ``p`` ranks holds ``S/p`` tokens of Q, K and V (a :mod:`layout
+<parlab.context_parallel.layouts>`). In ``p`` steps every rank attends its own queries to
+every rank's key/value block: at step t rank r holds the block of rank ``r - t`` (mod p),
+computes with it while sending it on to rank ``r + 1`` and receiving the next one from
+``r - 1`` (the transfer is posted before the block's arithmetic, so the two overlap where the
+backend moves bytes in the background), and merges the block's result by log-sum-exp
+(:mod:`parlab.context_parallel.blocks`). A causal block that no query of this rank may see is
+skipped: that skipped work is the load imbalance the zigzag and striped layouts remove.
+
+Backward: the queries stay, so dQ adds up where it is. The key/value blocks go round again,
+each with the dK and dV gathered so far; after its last step a rank sends the dK, dV it holds
+on to their owner, which is its next rank. Per rank, with ``b`` the bytes of one K (or V)
+shard: forward ``(p - 1) 2b``, backward ``(p - 1) 2b`` for K, V and ``p 2b`` for dK, dV.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.autograd import Function
+
+from parlab.context_parallel.blocks import block_backward, block_forward, merge
+from parlab.context_parallel.layouts import positions
+
+__all__ = ["ring_attention", "ring_bytes"]
+
+_KV_TAG, _GRAD_TAG = 1, 2
+
+
+def _exchange(tensor, group, tag):
+    """Send ``tensor`` to the next rank and receive the previous rank's into a new buffer;
+    returns (buffer, requests) without waiting."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    peer = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
+    received = torch.empty_like(tensor)
+    requests = [dist.isend(tensor, peer((r + 1) % n), group=group, tag=tag),
+                dist.irecv(received, peer((r - 1) % n), group=group, tag=tag)]
+    return received, requests
+
+
+def _wait(requests):
+    for request in requests:
+        request.wait()
+
+
+def _sees_any(q_pos, k_pos, causal) -> bool:
+    return not causal or bool(k_pos.min() <= q_pos.max())
+
+
+class _RingAttention(Function):
+    @staticmethod
+    def forward(ctx, q, k, v, layout, causal, scale, group):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        seq = q.shape[-2] * n
+        owners = [positions(seq, s, n, layout) for s in range(n)]
+        q_pos = owners[r]
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        kv = torch.stack([k, v]).contiguous()
+        for step in range(n):
+            if step < n - 1:
+                incoming, requests = _exchange(kv, group, _KV_TAG)
+            k_pos = owners[(r - step) % n]
+            if _sees_any(q_pos, k_pos, causal):
+                out, lse = merge(out, lse, *block_forward(q, kv[0], kv[1], q_pos, k_pos, causal,
+                                                          scale))
+            if step < n - 1:
+                _wait(requests)
+                kv = incoming
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout, ctx.causal, ctx.scale, ctx.group = layout, causal, scale, group
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, causal, scale = ctx.group, ctx.causal, ctx.scale
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        owners = [positions(q.shape[-2] * n, s, n, ctx.layout) for s in range(n)]
+        q_pos, grad_out = owners[r], grad_out.contiguous()
+        delta = (grad_out * out).sum(-1)
+        grad_q = torch.zeros_like(q)
+        kv = torch.stack([k, v]).contiguous()
+        grad_kv = torch.zeros_like(kv)
+        for step in range(n):
+            if step < n - 1:
+                incoming, requests = _exchange(kv, group, _KV_TAG)
+            k_pos = owners[(r - step) % n]
+            if _sees_any(q_pos, k_pos, causal):
+                dq, dk, dv = block_backward(q, kv[0], kv[1], q_pos, k_pos, causal, scale,
+                                            grad_out, lse, delta)
+                grad_q += dq
+                grad_kv[0] += dk
+                grad_kv[1] += dv
+            if n == 1:
+                break
+            # the block's gradients travel with it; after the last step, home to its owner
+            grad_incoming, grad_requests = _exchange(grad_kv, group, _GRAD_TAG)
+            _wait(grad_requests + (requests if step < n - 1 else []))
+            grad_kv = grad_incoming
+            if step < n - 1:
+                kv = incoming
+        return grad_q, grad_kv[0], grad_kv[1], None, None, None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                   layout: str = "contiguous", group=None,
+                   scale: float | None = None) -> torch.Tensor:
+    """Attention of this rank's queries to the whole sequence's keys, by ring attention.
+
+    ``q``, ``k``, ``v``: this rank's shard, ``(batch, heads, S/p, d_head)``, cut by ``layout``
+    (:func:`parlab.context_parallel.shard`); every rank of ``group`` calls it with the same
+    shapes. Returns this rank's rows of the output, in the same layout; equal to
+    ``scaled_dot_product_attention`` on the whole sequence, forward and backward.
+    """
+    if not q.shape == k.shape == v.shape:
+        raise ValueError(f"ring_attention needs q, k and v of one shape (batch, heads, tokens, "
+                         f"d_head); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return _RingAttention.apply(q, k, v, layout, causal, scale, group)
+
+
+def ring_bytes(shard_bytes: int, world: int) -> dict:
+    """Bytes one rank sends in ring attention, per pass, from the bytes of one K (or V) shard."""
+    return {"forward": (world - 1) * 2 * shard_bytes,
+            "backward": (world - 1) * 2 * shard_bytes + world * 2 * shard_bytes}
