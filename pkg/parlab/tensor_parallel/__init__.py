@@ -20,7 +20,8 @@ from parlab.tensor_parallel.sharding import (
 )
 from parlab.tensor_parallel.mappings import (
     all_gather_cat, broadcast_from, copy_to_region, gather_for_use, gather_from_region,
-    local_slice, reduce_from_region, reduce_scatter_slice, scatter_to_region
+    local_slice, reduce_from_region, reduce_scatter_slice, reduce_scatter_to_region,
+    scatter_to_region
 )
 from parlab.tensor_parallel.layers import (
     BroadcastEmbedding, ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
@@ -31,7 +32,9 @@ from parlab.tensor_parallel.attention import (
     attend, BookAttention, check_grad_sync, check_heads, dtensor_attention, MegatronAttention,
     SelfAttention
 )
-from parlab.tensor_parallel.parallelize import parallelize, shard_pieces, TensorParallelBlock
+from parlab.tensor_parallel.parallelize import (
+    allreduce_sequence_parallel_grads, parallelize, shard_pieces, TensorParallelBlock
+)
 from parlab.tensor_parallel.ffn import (
     FIGURE_8_19_SIZES, check_ffn_run, ffn_rank, layout, Placement, reference_ffn
 )
@@ -43,6 +46,7 @@ from parlab.tensor_parallel.counting import (
 __all__ = ["ShardSpec", "shard_spec", "split", "merge", "merge_grads", "describe", "even_ranges",
            "balanced_ranges", "check_degree", "divisors", "copy_to_region",
            "reduce_from_region", "gather_from_region", "scatter_to_region", "gather_for_use",
+           "reduce_scatter_to_region", "allreduce_sequence_parallel_grads",
            "broadcast_from", "all_gather_cat", "local_slice", "reduce_scatter_slice",
            "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
            "VocabParallelEmbedding", "BroadcastEmbedding", "SelfAttention", "attend",

@@ -111,6 +111,7 @@ class SelfAttention(nn.Module):
     def from_module(cls, attn: nn.Module, causal: bool = True) -> "SelfAttention":
         """A copy of any module with ``n_heads`` and q/k/v/out_proj (e.g. ``models.Attention``)."""
         new = cls(attn.q_proj.in_features, attn.n_heads, causal, seed=None)
+        new.to(attn.q_proj.weight.dtype)  # a float64 module stays float64
         new.load_state_dict({k: v for k, v in attn.state_dict().items()
                              if k.split(".")[0] in PROJECTIONS})
         return new
@@ -224,17 +225,20 @@ class MegatronAttention(nn.Module):
     ``qkv`` is one :class:`ColumnParallelLinear` over the fused weight [W_Q; W_K; W_V],
     its rows ordered rank by rank (Q, K, V rows of rank 0's heads, then rank 1's ...), so
     the input is copied into the parallel region once and its gradient all-reduced once.
+    With ``sequence_parallel`` the input is this rank's tokens (dim 1), all-gathered before
+    ``qkv``, and ``out_proj`` reduce-scatters the output back to this rank's tokens.
     """
 
-    def __init__(self, ref: SelfAttention, group=None):
+    def __init__(self, ref: SelfAttention, group=None, sequence_parallel: bool = False):
         super().__init__()
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         check_degree(size, ref.n_heads, "attention heads")
+        sp = {"sequence_parallel": sequence_parallel, "sequence_dim": 1}  # x is (b, s, d)
         self.group, self.d_head, self.causal = group, ref.d_head, ref.causal
         self.specs = {name: shard_spec(letter, ref.q_proj.weight.shape, "heads", size,
                                  n_heads=ref.n_heads)[rank]
                       for name, letter in PROJECTIONS.items() if name != "out_proj"}
-        fused = nn.Linear(ref.d_model, 3 * ref.d_model)
+        fused = nn.Linear(ref.d_model, 3 * ref.d_model, dtype=ref.q_proj.weight.dtype)
         with torch.no_grad():
             parts = [shard_spec("W", ref.q_proj.weight.shape, "heads", size, n_heads=ref.n_heads)[r]
                      for r in range(size)]
@@ -243,12 +247,13 @@ class MegatronAttention(nn.Module):
             fused.bias.copy_(torch.cat([getattr(ref, n).bias[s.start:s.stop] for s in parts
                                         for n in ("q_proj", "k_proj", "v_proj")]))
         self.qkv = ColumnParallelLinear.from_linear(fused, gather_output=False, group=group,
-                                                    name="W_QKV")
+                                                    name="W_QKV", **sp)
         self.out_proj = RowParallelLinear.from_linear(ref.out_proj, input_is_parallel=True,
-                                                      group=group, name="W_O")
+                                                      group=group, name="W_O", **sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` is replicated: every rank passes the same input."""
+        """``x`` is replicated: every rank passes the same input (with ``sequence_parallel``,
+        this rank's tokens, and the output is this rank's tokens too)."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         return self.out_proj(attend(q, k, v, self.d_head, self.causal))
 

@@ -31,7 +31,7 @@ from torch import nn
 from parlab.tensor_parallel.sharding import ShardSpec, shard_spec
 from parlab.tensor_parallel.mappings import (
     broadcast_from, copy_to_region, gather_for_use, gather_from_region, reduce_from_region,
-    scatter_to_region
+    reduce_scatter_to_region, scatter_to_region
 )
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
@@ -65,29 +65,32 @@ class ColumnParallelLinear(_ParallelLinear):
     :class:`RowParallelLinear` wants). Backward: the input's gradient is the sum of every
     rank's contribution, so ``copy_to_region`` all-reduces it.
 
-    ``sequence_parallel=True`` (Megatron's flag): the input arrives *split* along dim 0
-    (the sequence in Megatron; the batch in the slides' CNN), each rank holding its own
-    rows; ``gather_for_use`` all-gathers them in forward and reduce-scatters the input's
-    gradient in backward, so each rank gets the summed gradient of its own rows only.
+    ``sequence_parallel=True`` (Megatron's flag): the input arrives *split* along
+    ``sequence_dim`` (the sequence in Megatron; the batch in the slides' CNN), each rank
+    holding its own rows; ``gather_for_use`` all-gathers them in forward and reduce-scatters
+    the input's gradient in backward, so each rank gets the summed gradient of its own rows.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, gather_output: bool,
-                 spec: ShardSpec, group=None, sequence_parallel: bool = False):
+                 spec: ShardSpec, group=None, sequence_parallel: bool = False,
+                 sequence_dim: int = 0):
         super().__init__(weight, bias, spec, group)
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
+        self.sequence_dim = sequence_dim
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, gather_output: bool = True, group=None,
-                    name: str = "A", sequence_parallel: bool = False) -> "ColumnParallelLinear":
+                    name: str = "A", sequence_parallel: bool = False,
+                    sequence_dim: int = 0) -> "ColumnParallelLinear":
         """This rank's share of ``linear`` (every rank passes the same full layer)."""
         size, rank = _size_rank(group)
         spec = shard_spec(name, linear.weight.shape, "rows", size)[rank]
         bias = linear.bias[spec.start:spec.stop] if linear.bias is not None else None
         return cls(spec.take(linear.weight.data), bias, gather_output, spec, group,
-                   sequence_parallel)
+                   sequence_parallel, sequence_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = (gather_for_use(x, 0, self.group) if self.sequence_parallel
+        x = (gather_for_use(x, self.sequence_dim, self.group) if self.sequence_parallel
              else copy_to_region(x, self.group))
         y = F.linear(x, self.weight, self.bias)
         return gather_from_region(y, -1, self.group) if self.gather_output else y
@@ -105,25 +108,40 @@ class RowParallelLinear(_ParallelLinear):
     locally) by its rows of A, giving a partial sum of every output; ``reduce_from_region``
     all-reduces the partial sums, then the bias is added once. Backward: the output
     gradient is replicated, so each rank computes its input slice's gradient alone.
+
+    ``sequence_parallel=True``: the partial sums are reduce-scattered along ``sequence_dim``
+    instead (:func:`reduce_scatter_to_region`), each rank keeping the finished rows of its
+    own tokens, and the bias is added to those rows only; so the bias's gradient on a rank
+    covers its tokens only, and the ranks' gradients must be summed
+    (:func:`parlab.tensor_parallel.allreduce_sequence_parallel_grads`: the bias is marked
+    ``sequence_parallel``, as in Megatron).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, input_is_parallel: bool,
-                 spec: ShardSpec, group=None):
+                 spec: ShardSpec, group=None, sequence_parallel: bool = False,
+                 sequence_dim: int = 0):
         super().__init__(weight, bias, spec, group)
         self.input_is_parallel = input_is_parallel
+        self.sequence_parallel, self.sequence_dim = sequence_parallel, sequence_dim
+        if sequence_parallel and self.bias is not None:
+            self.bias.sequence_parallel = True
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, input_is_parallel: bool = False, group=None,
-                    name: str = "B") -> "RowParallelLinear":
+                    name: str = "B", sequence_parallel: bool = False,
+                    sequence_dim: int = 0) -> "RowParallelLinear":
         """This rank's share of ``linear`` (every rank passes the same full layer)."""
         size, rank = _size_rank(group)
         spec = shard_spec(name, linear.weight.shape, "columns", size)[rank]
-        return cls(spec.take(linear.weight.data), linear.bias, input_is_parallel, spec, group)
+        return cls(spec.take(linear.weight.data), linear.bias, input_is_parallel, spec, group,
+                   sequence_parallel, sequence_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_region(x, -1, self.group)
-        y = reduce_from_region(F.linear(x, self.weight), self.group)
+        partial = F.linear(x, self.weight)
+        y = (reduce_scatter_to_region(partial, self.sequence_dim, self.group)
+             if self.sequence_parallel else reduce_from_region(partial, self.group))
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:
@@ -144,10 +162,14 @@ class TensorParallelMLP(nn.Module):
         self.fc1, self.fc2 = fc1, fc2
 
     @classmethod
-    def from_mlp(cls, mlp: nn.Module, group=None) -> "TensorParallelMLP":
+    def from_mlp(cls, mlp: nn.Module, group=None, sequence_parallel: bool = False,
+                 sequence_dim: int = 0) -> "TensorParallelMLP":
         """Shard a single-device MLP with ``fc1`` and ``fc2`` (e.g. ``parlab.models.MLP``)."""
-        return cls(ColumnParallelLinear.from_linear(mlp.fc1, gather_output=False, group=group),
-                   RowParallelLinear.from_linear(mlp.fc2, input_is_parallel=True, group=group))
+        sp = {"sequence_parallel": sequence_parallel, "sequence_dim": sequence_dim}
+        return cls(ColumnParallelLinear.from_linear(mlp.fc1, gather_output=False, group=group,
+                                                    **sp),
+                   RowParallelLinear.from_linear(mlp.fc2, input_is_parallel=True, group=group,
+                                                 **sp))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))

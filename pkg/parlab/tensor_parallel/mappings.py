@@ -12,6 +12,7 @@ function                    forward                      backward
 :func:`gather_from_region`  all-gather along ``dim``     keep this rank's slice
 :func:`scatter_to_region`   keep this rank's slice       all-gather along ``dim``
 :func:`gather_for_use`      all-gather along ``dim``     reduce-scatter (sum) along ``dim``
+:func:`reduce_scatter_to_region`  reduce-scatter (sum)   all-gather along ``dim``
 :func:`broadcast_from`      broadcast from ``src``       reduce (sum) to ``src``
 ==========================  ===========================  ==============================
 
@@ -26,6 +27,14 @@ follow this rule; :mod:`parlab.tensor_parallel.attention` gathers them again in 
 the chapter says, instead of keeping them). ``broadcast_from`` is ``copy_to_region`` for a
 tensor that starts on one rank only (the book's embedding vectors on A1).
 
+Sequence parallelism (Korthikanti et al., 2022) uses the last two rows along the sequence
+dimension: ``gather_for_use`` is its ``g`` (Megatron-LM's
+``gather_from_sequence_parallel_region``: all-gather the sequence shards before a
+column-parallel layer) and ``reduce_scatter_to_region`` its ``g-bar``
+(``reduce_scatter_to_sequence_parallel_region``: sum a row-parallel layer's partial outputs
+and keep only this rank's tokens). Together they move the bytes of the one all-reduce they
+replace: a ring all-reduce is a reduce-scatter followed by an all-gather.
+
 All functions take a process ``group`` (None: every rank) and work on any backend: gloo,
 NCCL, or the traffic-logging "toy" backend, which is how the chapter counts their bytes.
 """
@@ -37,7 +46,7 @@ import torch.distributed as dist
 from torch.autograd import Function
 
 __all__ = ["copy_to_region", "reduce_from_region", "gather_from_region", "scatter_to_region",
-           "gather_for_use", "broadcast_from", "all_gather_cat", "local_slice",
+           "gather_for_use", "reduce_scatter_to_region", "broadcast_from", "all_gather_cat", "local_slice",
            "reduce_scatter_slice"]
 
 
@@ -109,6 +118,8 @@ _ReduceFromRegion = _conjugate("_ReduceFromRegion", _sum, _identity)
 _GatherFromRegion = _conjugate("_GatherFromRegion", all_gather_cat, local_slice)
 _ScatterToRegion = _conjugate("_ScatterToRegion", local_slice, all_gather_cat)
 _GatherForUse = _conjugate("_GatherForUse", all_gather_cat, reduce_scatter_slice)
+_ReduceScatterToRegion = _conjugate("_ReduceScatterToRegion", reduce_scatter_slice,
+                                    all_gather_cat)
 
 
 class _BroadcastFrom(Function):
@@ -162,6 +173,12 @@ def gather_for_use(x: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
     the sum over ranks (a reduce-scatter moves half the bytes of an all-reduce to do it).
     """
     return _GatherForUse.apply(x, dim, group)
+
+
+def reduce_scatter_to_region(x: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
+    """Sum every rank's partial ``x`` and keep this rank's slice along ``dim``; backward
+    all-gathers the gradient (each rank's slice of the sum depended on every rank's ``x``)."""
+    return _ReduceScatterToRegion.apply(x, dim, group)
 
 
 def broadcast_from(x: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:

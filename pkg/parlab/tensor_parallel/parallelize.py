@@ -17,22 +17,39 @@ can be compared with the one-device model name by name.
 
 from __future__ import annotations
 
+import torch.distributed as dist
 from torch import nn
 
 from parlab.tensor_parallel.attention import MegatronAttention, SelfAttention
 from parlab.tensor_parallel.layers import TensorParallelMLP
 
-__all__ = ["TensorParallelBlock", "parallelize", "shard_pieces"]
+__all__ = ["TensorParallelBlock", "parallelize", "shard_pieces",
+           "allreduce_sequence_parallel_grads"]
 
 
 class TensorParallelBlock(nn.Module):
-    """A :class:`parlab.models.Block` with Megatron attention and MLP over ``group``."""
+    """A :class:`parlab.models.Block` with Megatron attention and MLP over ``group``.
 
-    def __init__(self, block: nn.Module, group):
+    ``sequence_parallel=True`` (Korthikanti et al., 2022): the block's input and output are
+    this rank's share of the tokens (``(batch, S/t, d_model)``, contiguous), so the
+    LayerNorms, the residual additions and their activations are split t ways instead of
+    replicated; the attention and the MLP each all-gather the tokens on the way in and
+    reduce-scatter them on the way out, where plain tensor parallelism all-reduces. The
+    LayerNorms' and the row-parallel biases' gradients then cover this rank's tokens only:
+    sum them over ``group`` with :func:`allreduce_sequence_parallel_grads` before a step.
+    """
+
+    def __init__(self, block: nn.Module, group, sequence_parallel: bool = False):
         super().__init__()
         self.ln1, self.ln2 = block.ln1, block.ln2
-        self.attn = MegatronAttention(SelfAttention.from_module(block.attn), group=group)
-        self.mlp = TensorParallelMLP.from_mlp(block.mlp, group=group)
+        self.attn = MegatronAttention(SelfAttention.from_module(block.attn), group=group,
+                                      sequence_parallel=sequence_parallel)
+        self.mlp = TensorParallelMLP.from_mlp(block.mlp, group=group,
+                                              sequence_parallel=sequence_parallel,
+                                              sequence_dim=1)
+        if sequence_parallel:
+            for p in (*self.ln1.parameters(), *self.ln2.parameters()):
+                p.sequence_parallel = True
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -71,6 +88,16 @@ def parallelize(model: nn.Module, group) -> nn.Module:
     for i, block in enumerate(blocks):
         blocks[i] = TensorParallelBlock(block, group)
     return model
+
+
+def allreduce_sequence_parallel_grads(module: nn.Module, group=None) -> None:
+    """Sum over ``group`` the gradients of the parameters marked ``sequence_parallel`` (what
+    Megatron-LM does for them before the optimizer step): replicated weights that each rank
+    applied to its own tokens only, so each rank holds a part of their gradient."""
+    for p in module.parameters():
+        if getattr(p, "sequence_parallel", False) and p.grad is not None \
+                and dist.get_world_size(group) > 1:
+            dist.all_reduce(p.grad, group=group)
 
 
 def shard_pieces(module: nn.Module) -> dict:
