@@ -137,8 +137,9 @@ show(cnn_figure(cnn_communication(profiles, batch=cnn_batch, layer="conv5")))
 # (small) convolution stack and runs it on its own quarter or half of the batch; the ranks
 # all-gather the features so that each can feed the whole batch to its slice of `fc1`
 # (split by output neurons) and `fc2` (split by input neurons, then an all-reduce of the
-# partial logits). After the backward pass the convolution gradients are summed across the
-# ranks. On the toy backend every message is logged, so the bytes split into the
+# partial logits). Each rank keeps only its own samples' features for the backward pass and
+# all-gathers them a second time there, as Megatron does: more bytes, less memory. After
+# the backward pass the convolution gradients are summed across the ranks. On the toy backend every message is logged, so the bytes split into the
 # tensor-parallel part and the data-parallel part. (This model is narrower than the one
 # measured above, so that it runs in a moment.)
 

@@ -74,7 +74,8 @@ def test_cnn_hybrid_on_toy_equals_one_process_and_splits_its_bytes(world_size):
     assert split["data"] == {"all_reduce": sum(ring_wire_bytes("all_reduce", b, n)
                                                for b in conv_bytes)}
     features = batch * 4 * width * 16 * 4
-    assert split["tensor"] == {"all_gather": ring_wire_bytes("all_gather", features, n),
+    # the features are all-gathered forward, and again backward (each rank kept its own)
+    assert split["tensor"] == {"all_gather": 2 * ring_wire_bytes("all_gather", features, n),
                                "all_reduce": ring_wire_bytes("all_reduce", batch * classes * 4, n),
                                "reduce_scatter": ring_wire_bytes("reduce_scatter", features, n)}
     assert hidden % n == 0 and "data" in job.table()

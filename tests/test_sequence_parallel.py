@@ -89,11 +89,17 @@ def test_sequence_parallel_moves_the_bytes_of_the_all_reduces_it_replaces():
                  if n.startswith(("ln", "attn.out_proj.bias", "mlp.fc2.bias"))) * 8
     extra = _sent([r for r in logs[True] if r.op == "all_reduce"], world)
     assert extra == {r: 2 * (world - 1) * summed // world for r in range(world)}
-    # the block's own collectives: rank by rank, the bytes of tensor parallelism's all-reduces
-    block = _sent([r for r in logs[True] if r.op != "all_reduce"], world)
-    assert block == _sent(logs[False], world)
-    # two all-reduces forward (attention, MLP) and two backward, of (batch, seq, d) float64
-    assert block[0] == 4 * 2 * (world - 1) * BATCH * SEQ * CONFIG.d_model * 8 // world
+    # the block's own collectives, rank by rank: an all-gather and a reduce-scatter where
+    # tensor parallelism all-reduces (two forward: attention and MLP; two backward), the
+    # same bytes, plus the backward pass's second all-gather of each column-parallel layer's
+    # input (kept split, not gathered, for the backward pass)
+    activation = BATCH * SEQ * CONFIG.d_model * 8  # one (batch, seq, d) float64 tensor
+    ring = {r: 2 * (world - 1) * activation // world for r in range(world)}
+    assert _sent(logs[False], world) == {r: 4 * ring[r] for r in range(world)}
+    gathers = [r for r in logs[True] if r.op == "all_gather"]
+    scatters = [r for r in logs[True] if r.op == "reduce_scatter"]
+    assert _sent(scatters, world) == {r: 4 * ring[r] // 2 for r in range(world)}
+    assert _sent(gathers, world) == {r: (4 + 2) * ring[r] // 2 for r in range(world)}
 
 
 def _reduce_scatter_rank():
@@ -114,3 +120,57 @@ def test_reduce_scatter_to_region_sums_keeps_a_slice_and_gathers_the_gradient():
         # d/dx of sum_r (r + 1) y_r: each slice's gradient is its owner's weight
         expected = torch.cat([torch.full((1, 4, 2), float(s + 1)) for s in range(t)], dim=1)
         assert torch.equal(grad, expected)
+
+
+MEMORY = TransformerConfig(name="sp-memory", d_model=64, n_layers=1, n_heads=8, d_ff=256,
+                           vocab=16, context=64)
+
+
+def _saved_bytes(sequence_parallel):
+    """Bytes of the distinct tensors autograd keeps for one block's backward pass on this
+    rank (the block's input included, its weights not)."""
+    t, r = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    tp = TensorParallelBlock(GPT(MEMORY).blocks[0], None, sequence_parallel=sequence_parallel)
+    x = torch.randn(2, 64, MEMORY.d_model)
+    if sequence_parallel:
+        x = x.chunk(t, dim=1)[r].contiguous()
+    weights = {p.untyped_storage().data_ptr() for p in tp.parameters()}
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        tp(x.requires_grad_())
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sequence_parallel_splits_every_activation_t_ways(world):
+    """Measured against Korthikanti et al.'s terms without dropout (our GPT has none), fp32:
+    with sequence parallelism all of them are split t ways; with tensor parallelism alone
+    the LayerNorm regions (both LayerNorms' inputs, and their outputs, which the attention's
+    and the MLP's first linear layers keep) stay whole. Beyond the paper's terms: the causal
+    mask (a seq x seq bool, the same on every rank) and each LayerNorm's mean and 1/std
+    (2 fp32 values per token)."""
+    from parlab.memory import korthikanti_terms
+
+    batch, seq, e = 2, 64, 4
+    terms = korthikanti_terms(MEMORY, batch, seq, element_bytes=e, dropout=False)
+    total = sum(terms.values())
+    layer_norm_regions = terms["LayerNorm: inputs"] + terms["attention: Q, K, V input"] \
+        + terms["MLP: first linear input"]
+    mask = seq * seq
+
+    def ln_stats(tokens):
+        return 2 * 2 * batch * tokens * e
+
+    split = run(_saved_bytes, world, True)
+    assert split == [total // world + mask + ln_stats(seq // world)] * world
+    plain = run(_saved_bytes, world, False)
+    assert plain == [layer_norm_regions + (total - layer_norm_regions) // world + mask
+                     + ln_stats(seq)] * world

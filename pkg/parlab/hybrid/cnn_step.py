@@ -11,9 +11,10 @@ Composed from the two strategies, on the same ranks in two roles:
   :class:`~parlab.tensor_parallel.ColumnParallelLinear` (output neurons split) and ``fc2`` a
   :class:`~parlab.tensor_parallel.RowParallelLinear` (input neurons split), Megatron's MLP.
   ``fc1`` takes its input *split by samples* (``sequence_parallel=True``): it all-gathers
-  the batch's conv features in forward, and its backward reduce-scatters their gradient, so
-  each rank receives the full gradient for its own samples' features, summed over the
-  ranks' FC slices. The FC slices get exactly their part of the full gradient.
+  the batch's conv features in forward (keeping only its own samples' for the backward
+  pass, which gathers them again for the weight gradient), and its backward reduce-scatters
+  their gradient, so each rank receives the full gradient for its own samples' features,
+  summed over the ranks' FC slices. The FC slices get exactly their part of the full gradient.
 
 Each role has its own ``DeviceMesh`` over the same ranks (:meth:`parlab.comm.Mesh.build`),
 so on the toy backend the log tells the tensor-parallel bytes ("tensor") from the

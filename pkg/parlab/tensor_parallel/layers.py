@@ -30,8 +30,8 @@ from torch import nn
 
 from parlab.tensor_parallel.sharding import ShardSpec, shard_spec
 from parlab.tensor_parallel.mappings import (
-    broadcast_from, copy_to_region, gather_for_use, gather_from_region, reduce_from_region,
-    reduce_scatter_to_region, scatter_to_region
+    all_gather_cat, broadcast_from, copy_to_region, gather_from_region, reduce_from_region,
+    reduce_scatter_slice, reduce_scatter_to_region, scatter_to_region
 )
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
@@ -56,6 +56,26 @@ class _ParallelLinear(nn.Module):
         self.spec, self.group = spec, group
 
 
+class _GatheredLinear(torch.autograd.Function):
+    """y = all_gather(x) A_i + b_i, keeping only the local x: the backward pass gathers x
+    again for dA_i, and reduce-scatters dX (each rank's rows get every rank's share)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dim, group):
+        ctx.save_for_backward(x, weight)
+        ctx.dim, ctx.group, ctx.has_bias = dim, group, bias is not None
+        return F.linear(all_gather_cat(x, dim, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        full = all_gather_cat(x, ctx.dim, ctx.group)  # again: it was not kept
+        grad_x = reduce_scatter_slice(grad @ weight, ctx.dim, ctx.group)
+        grad_weight = grad.flatten(0, -2).T @ full.flatten(0, -2)
+        grad_bias = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None, None
+
+
 class ColumnParallelLinear(_ParallelLinear):
     """Y = X A with A's columns (the output features) split across the ranks.
 
@@ -67,8 +87,11 @@ class ColumnParallelLinear(_ParallelLinear):
 
     ``sequence_parallel=True`` (Megatron's flag): the input arrives *split* along
     ``sequence_dim`` (the sequence in Megatron; the batch in the slides' CNN), each rank
-    holding its own rows; ``gather_for_use`` all-gathers them in forward and reduce-scatters
-    the input's gradient in backward, so each rank gets the summed gradient of its own rows.
+    holding its own rows; they are all-gathered in forward (Megatron's ``g``) and the
+    input's gradient is reduce-scattered in backward, so each rank gets the summed gradient
+    of its own rows. As in Megatron, only this rank's rows are kept for the backward pass,
+    which all-gathers them again to form the weight's gradient: the activation memory stays
+    split t ways, for one more all-gather per backward pass.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, gather_output: bool,
@@ -90,9 +113,10 @@ class ColumnParallelLinear(_ParallelLinear):
                    sequence_parallel, sequence_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = (gather_for_use(x, self.sequence_dim, self.group) if self.sequence_parallel
-             else copy_to_region(x, self.group))
-        y = F.linear(x, self.weight, self.bias)
+        if self.sequence_parallel:
+            y = _GatheredLinear.apply(x, self.weight, self.bias, self.sequence_dim, self.group)
+        else:
+            y = F.linear(copy_to_region(x, self.group), self.weight, self.bias)
         return gather_from_region(y, -1, self.group) if self.gather_output else y
 
     def extra_repr(self) -> str:
