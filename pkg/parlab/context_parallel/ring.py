@@ -6,8 +6,12 @@ every rank's key/value block: at step t rank r holds the block of rank ``r - t``
 computes with it while sending it on to rank ``r + 1`` and receiving the next one from
 ``r - 1`` (the transfer is posted before the block's arithmetic, so the two overlap where the
 backend moves bytes in the background), and merges the block's result by log-sum-exp
-(:mod:`parlab.context_parallel.blocks`). A causal block that no query of this rank may see is
-skipped: that skipped work is the load imbalance the zigzag and striped layouts remove.
+(:mod:`parlab.context_parallel.blocks`). With a causal mask only the rectangle of query rows
+and key columns that see each other is computed: a block wholly in the future costs
+nothing, which is the load imbalance of the contiguous layout (rank r computes r + 1
+blocks), and the zigzag layout's off-diagonal steps cost half a block each, so every rank
+computes (p + 1)/2 blocks. The striped layout balances the unmasked pairs but leaves no
+rectangle to cut: every step computes (nearly) a whole block, about half of it masked.
 
 Backward: the queries stay, so dQ adds up where it is. The key/value blocks go round again,
 each with the dK and dV gathered so far; after its last step a rank sends the dK, dV it holds
@@ -45,8 +49,16 @@ def _wait(requests):
         request.wait()
 
 
-def _sees_any(q_pos, k_pos, causal) -> bool:
-    return not causal or bool(k_pos.min() <= q_pos.max())
+def _visible(q_pos, k_pos, causal):
+    """The query rows that see some key of the block and the key columns that some query
+    sees (index tensors): only that rectangle is computed. Without a mask, all of both; with
+    a causal one, nothing when the block lies wholly in the future, and half a block for
+    each off-diagonal step of the zigzag layout (its early chunk sees one half, its late
+    chunk the other)."""
+    if not causal:
+        return torch.arange(len(q_pos)), torch.arange(len(k_pos))
+    return ((q_pos >= k_pos.min()).nonzero().flatten(),
+            (k_pos <= q_pos.max()).nonzero().flatten())
 
 
 class _RingAttention(Function):
@@ -63,9 +75,12 @@ class _RingAttention(Function):
             if step < n - 1:
                 incoming, requests = _exchange(kv, group, _KV_TAG)
             k_pos = owners[(r - step) % n]
-            if _sees_any(q_pos, k_pos, causal):
-                out, lse = merge(out, lse, *block_forward(q, kv[0], kv[1], q_pos, k_pos, causal,
-                                                          scale))
+            rows, cols = _visible(q_pos, k_pos, causal)
+            if len(rows) and len(cols):
+                part = block_forward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :],
+                                     q_pos[rows], k_pos[cols], causal, scale)
+                o, l = merge(out[..., rows, :], lse[..., rows], *part)
+                out, lse = out.index_copy(-2, rows, o), lse.index_copy(-1, rows, l)
             if step < n - 1:
                 _wait(requests)
                 kv = incoming
@@ -88,12 +103,15 @@ class _RingAttention(Function):
             if step < n - 1:
                 incoming, requests = _exchange(kv, group, _KV_TAG)
             k_pos = owners[(r - step) % n]
-            if _sees_any(q_pos, k_pos, causal):
-                dq, dk, dv = block_backward(q, kv[0], kv[1], q_pos, k_pos, causal, scale,
-                                            grad_out, lse, delta)
-                grad_q += dq
-                grad_kv[0] += dk
-                grad_kv[1] += dv
+            rows, cols = _visible(q_pos, k_pos, causal)
+            if len(rows) and len(cols):
+                dq, dk, dv = block_backward(q[..., rows, :], kv[0][..., cols, :],
+                                            kv[1][..., cols, :], q_pos[rows], k_pos[cols],
+                                            causal, scale, grad_out[..., rows, :],
+                                            lse[..., rows], delta[..., rows])
+                grad_q.index_add_(-2, rows, dq)
+                grad_kv[0].index_add_(-2, cols, dk)
+                grad_kv[1].index_add_(-2, cols, dv)
             if n == 1:
                 break
             # the block's gradients travel with it; after the last step, home to its owner
