@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parlab.context_parallel import (
-    LAYOUTS, all_gather_attention, all_gather_bytes, causal_pairs, positions, ring_attention,
-    ring_bytes, shard, ulysses_attention, ulysses_bytes, unshard
+    LAYOUTS, all_gather_attention, all_gather_bytes, block_backward, block_forward, causal_pairs,
+    positions, ring_attention, ring_bytes, shard, ulysses_attention, ulysses_bytes, unshard
 )
 from parlab.context_parallel.blocks import visible
 from parlab.launch import RankError, run
@@ -249,3 +249,13 @@ def test_contiguous_causal_blocks_last_rank_does_2p_minus_1_times_the_first(worl
     zigzag = [positions(seq, r, world, "zigzag") for r in range(world)]
     assert len({sum(visible(zigzag[r], zigzag[s], True).float().mean().item()
                     for s in range(world)) for r in range(world)}) == 1
+
+
+def test_block_math_takes_positions_on_the_cpu_for_tensors_elsewhere():
+    """Ring attention keeps the positions on the CPU (it asks them which blocks to skip);
+    the causal mask follows the scores to their device ("meta" stands in for a GPU here)."""
+    q, pos = torch.zeros(2, 3, 4, 5, device="meta", dtype=torch.float64), torch.arange(4)
+    out, lse = block_forward(q, q, q, pos, pos, True, 0.5)
+    grads = block_backward(q, q, q, pos, pos, True, 0.5, q, lse, lse)
+    assert out.device.type == lse.device.type == "meta"
+    assert all(g.device.type == "meta" for g in grads)
