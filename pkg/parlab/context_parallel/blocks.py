@@ -31,8 +31,8 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Ten
 
 def _scores(q, k, q_pos, k_pos, causal, scale):
     s = (q @ k.transpose(-2, -1)) * scale
-    mask = visible(q_pos, k_pos, causal)
-    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+    mask = visible(q_pos, k_pos, causal)  # positions may stay on the CPU: the mask moves
+    return s if mask is None else s.masked_fill(~mask.to(s.device), float("-inf"))
 
 
 def _probabilities(s, lse):
