@@ -34,9 +34,9 @@ def _check(seq: int, world: int, layout: str) -> None:
     check_count("world", world)
     parts = 2 * world if layout == "zigzag" else world
     if seq % parts:
+        what = "chunks of the zigzag layout (2 per rank)" if layout == "zigzag" else "ranks"
         raise ValueError(f"a sequence of {seq} tokens does not split evenly into the {parts} "
-                         f"{'chunks of the zigzag layout (2 per rank)' if layout == 'zigzag' else 'ranks'}"
-                         f": use a length that {parts} divides")
+                         f"{what}: use a length that {parts} divides")
 
 
 def positions(seq: int, rank: int, world: int, layout: str = "contiguous") -> torch.Tensor:
