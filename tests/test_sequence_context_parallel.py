@@ -44,7 +44,8 @@ def _plan(n):
     mha, (gqa, gqa_kv) = (2, 4, 24, 4), _gqa_shape(n)
     heads = gqa if n == 3 else mha  # 4 heads do not split over 3 ranks
     cases = {"ring": [(mha, 4, True, "zigzag"), (mha, 4, True, "contiguous"),
-                      (mha, 4, True, "striped"), (mha, 4, False, "zigzag")],
+                      (mha, 4, True, "striped"), (mha, 4, False, "zigzag"),
+                      (mha, 2, True, "contiguous")],
              "gather": [(mha, 2, True, "zigzag"), (mha, 4, True, "contiguous"),
                         (mha, 4, True, "striped"), (mha, 2, False, "contiguous"),
                         (mha, 4, False, "zigzag")],
@@ -259,3 +260,20 @@ def test_block_math_takes_positions_on_the_cpu_for_tensors_elsewhere():
     grads = block_backward(q, q, q, pos, pos, True, 0.5, q, lse, lse)
     assert out.device.type == lse.device.type == "meta"
     assert all(g.device.type == "meta" for g in grads)
+
+
+def test_chapter_08_compares_the_three_methods_in_one_launch():
+    """experiments.compare_methods: each method equal to one process, and each rank's bytes
+    per pass (forward alone under no_grad, backward by difference) equal to the closed form;
+    grouped-query attention sends only the key/value heads."""
+    from parlab.experiments import compare_methods
+
+    for runs in (compare_methods(), compare_methods(("ring", "all-gather"), kv_heads=2,
+                                                    layout="contiguous")):
+        for one in runs:
+            assert max(one.errors.values()) < 1e-12, one
+            for part in ("forward", "backward"):
+                assert one.sent[part] == [one.closed_form[part]] * one.world, one
+    ring, gathered = runs
+    assert ring.closed_form["forward"] == gathered.closed_form["forward"]
+    assert ring.closed_form["backward"] > gathered.closed_form["backward"]

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
+from parlab.context_parallel.allgather import check_qkv
 from parlab.context_parallel.blocks import block_backward, block_forward, merge
 from parlab.context_parallel.layouts import positions
 
@@ -47,6 +48,18 @@ def _exchange(tensor, group, tag):
 def _wait(requests):
     for request in requests:
         request.wait()
+
+
+def _heads(kv, q):
+    """Grouped-query attention: each key/value head serves H/H_kv query heads (after the
+    transfer: only the H_kv heads travel)."""
+    return kv if kv.shape[1] == q.shape[1] else kv.repeat_interleave(q.shape[1] // kv.shape[1], 1)
+
+
+def _fold(grad, kv):
+    """The gradient of the repeated heads, summed back onto each key/value head."""
+    b, h, t, d = grad.shape
+    return grad if h == kv.shape[1] else grad.view(b, kv.shape[1], h // kv.shape[1], t, d).sum(2)
 
 
 def _visible(q_pos, k_pos, causal):
@@ -77,8 +90,9 @@ class _RingAttention(Function):
             k_pos = owners[(r - step) % n]
             rows, cols = _visible(q_pos, k_pos, causal)
             if len(rows) and len(cols):
-                part = block_forward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :],
-                                     q_pos[rows], k_pos[cols], causal, scale)
+                part = block_forward(q[..., rows, :], _heads(kv[0][..., cols, :], q),
+                                     _heads(kv[1][..., cols, :], q), q_pos[rows], k_pos[cols],
+                                     causal, scale)
                 o, l = merge(out[..., rows, :], lse[..., rows], *part)
                 out, lse = out.index_copy(-2, rows, o), lse.index_copy(-1, rows, l)
             if step < n - 1:
@@ -105,13 +119,14 @@ class _RingAttention(Function):
             k_pos = owners[(r - step) % n]
             rows, cols = _visible(q_pos, k_pos, causal)
             if len(rows) and len(cols):
-                dq, dk, dv = block_backward(q[..., rows, :], kv[0][..., cols, :],
-                                            kv[1][..., cols, :], q_pos[rows], k_pos[cols],
+                dq, dk, dv = block_backward(q[..., rows, :], _heads(kv[0][..., cols, :], q),
+                                            _heads(kv[1][..., cols, :], q), q_pos[rows],
+                                            k_pos[cols],
                                             causal, scale, grad_out[..., rows, :],
                                             lse[..., rows], delta[..., rows])
                 grad_q.index_add_(-2, rows, dq)
-                grad_kv[0].index_add_(-2, cols, dk)
-                grad_kv[1].index_add_(-2, cols, dv)
+                grad_kv[0].index_add_(-2, cols, _fold(dk, k))
+                grad_kv[1].index_add_(-2, cols, _fold(dv, k))
             if n == 1:
                 break
             # the block's gradients travel with it; after the last step, home to its owner
@@ -128,14 +143,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                    scale: float | None = None) -> torch.Tensor:
     """Attention of this rank's queries to the whole sequence's keys, by ring attention.
 
-    ``q``, ``k``, ``v``: this rank's shard, ``(batch, heads, S/p, d_head)``, cut by ``layout``
+    ``q``: this rank's shard, ``(batch, H, S/p, d_head)``; ``k``, ``v``: ``(batch, H_kv, S/p,
+    d_head)`` with ``H_kv`` dividing ``H`` (grouped-query attention: only the key/value heads
+    travel), cut by ``layout``
     (:func:`parlab.context_parallel.shard`); every rank of ``group`` calls it with the same
     shapes. Returns this rank's rows of the output, in the same layout; equal to
     ``scaled_dot_product_attention`` on the whole sequence, forward and backward.
     """
-    if not q.shape == k.shape == v.shape:
-        raise ValueError(f"ring_attention needs q, k and v of one shape (batch, heads, tokens, "
-                         f"d_head); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_qkv("ring_attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _RingAttention.apply(q, k, v, layout, causal, scale, group)
 

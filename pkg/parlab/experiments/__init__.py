@@ -9,8 +9,10 @@ slides' strategies and the Megatron MLP on real ranks), ``ch04_book`` (the evide
 chapter's slips), ``ch04_figures`` (Figures 8-15 to 8-19, the strategies explorer),
 ``ch05`` (the planner's figures, the 3D job's traffic), ``ch05_summary`` (the slides' pros
 and cons, each with a number), ``ch05_copies`` (GPUs per model copy, chapter 01 against
-chapter 05), ``ch06`` (every ZeRO stage and FSDP2 on logged ranks, in one table), ``ch07`` (an MoE layer
-routed token by token, split over logged ranks, and its capacity trade-off).
+chapter 05), ``ch06`` (every ZeRO stage and FSDP2 on logged ranks, in one table), ``ch07`` (an
+MoE layer routed token by token, split over logged ranks, and its capacity trade-off),
+``ch08`` (one sequence split over ranks by ring, all-gather and Ulysses attention, with its
+bytes and its causal work per rank).
 
 What a user would reuse (the mechanisms, layers and closed forms) lives in the strategy
 subpackages; this layer runs them for one chapter and registers the figure recipes
@@ -39,6 +41,10 @@ from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's f
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, depth_table
 from parlab.experiments.ch06 import stage_table
+from parlab.experiments.ch08 import (
+    causal_work, compare_methods, context_inputs, CONTEXT_METHODS, CONTEXT_RANKS, CONTEXT_SHAPE,
+    MethodRun
+)
 from parlab.experiments.ch07 import (
     balancing_runs, capacity_sweep, example_layer, example_tokens, EXAMPLE, ExpertRun, RANKS, routing_table,
     run_expert_layer, TOKENS
@@ -57,4 +63,6 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "strategy_explorer", "SummaryRow", "summary_table", "summary_text", "CopySize",
            "copy_sizes", "copy_table", "depth_table", "stage_table", "EXAMPLE", "RANKS", "TOKENS",
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
+           "CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
+           "compare_methods", "causal_work",
            "run_expert_layer", "balancing_runs"]
