@@ -46,7 +46,8 @@ RANK_STARTERS = frozenset({
     "layer_traffic", "hybrid_traffic", "hybrid_step", "run_attention", "run_ffn",
     "run_layer_strategy", "run_mlp", "run_embedding", "run_figure_8_2", "stage_table",
     "collective_explorer", "strategy_explorer", "book_step_explorer", "run_zero_tensor",
-    "zero_tensor_rank"})
+    "zero_tensor_rank", "compare_methods", "causal_work", "run_sequence_parallel",
+    "causal_work_chart"})
 #: The only functions (and classes) of the layers below viz that a drawing (``viz`` but its
 #: widgets) may call: notation and units that format a result (``Action`` is the key that
 #: ``action_code`` names), and the fixed cluster Figure 8-19 is drawn on. Every other function

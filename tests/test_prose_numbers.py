@@ -45,6 +45,7 @@ TYPED = {
     "05": {"5 %": "the slides' claim (90-95 % of compute in 5 % of the parameters)"},
     "06": {},
     "07": {"80 GB": "the GPU the chapter sizes against, a given like the model's name"},
+    "08": {},
 }
 
 

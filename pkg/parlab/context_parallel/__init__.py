@@ -11,10 +11,10 @@ for a head split, and another trades it back). Each strategy also counts its byt
 
 from parlab.context_parallel.layouts import LAYOUTS, causal_pairs, positions, shard, unshard
 from parlab.context_parallel.blocks import block_backward, block_forward, merge
-from parlab.context_parallel.ring import ring_attention, ring_bytes
+from parlab.context_parallel.ring import ring_attention, ring_bytes, ring_schedule
 from parlab.context_parallel.allgather import all_gather_attention, all_gather_bytes
 from parlab.context_parallel.ulysses import ulysses_attention, ulysses_bytes
 
 __all__ = ["LAYOUTS", "positions", "shard", "unshard", "causal_pairs", "block_forward",
-           "block_backward", "merge", "ring_attention", "ring_bytes", "all_gather_attention",
-           "all_gather_bytes", "ulysses_attention", "ulysses_bytes"]
+           "block_backward", "merge", "ring_attention", "ring_bytes", "ring_schedule",
+           "all_gather_attention", "all_gather_bytes", "ulysses_attention", "ulysses_bytes"]

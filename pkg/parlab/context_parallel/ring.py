@@ -29,7 +29,7 @@ from parlab.context_parallel.allgather import check_qkv
 from parlab.context_parallel.blocks import block_backward, block_forward, merge
 from parlab.context_parallel.layouts import positions
 
-__all__ = ["ring_attention", "ring_bytes"]
+__all__ = ["ring_attention", "ring_bytes", "ring_schedule"]
 
 _KV_TAG, _GRAD_TAG = 1, 2
 
@@ -159,3 +159,20 @@ def ring_bytes(shard_bytes: int, world: int) -> dict:
     """Bytes one rank sends in ring attention, per pass, from the bytes of one K (or V) shard."""
     return {"forward": (world - 1) * 2 * shard_bytes,
             "backward": (world - 1) * 2 * shard_bytes + world * 2 * shard_bytes}
+
+
+def ring_schedule(seq: int, world: int, layout: str = "contiguous",
+                  causal: bool = True) -> list[list[float]]:
+    """``share[r][t]``: the part of an ``S/p x S/p`` block rank r computes at step t, when it
+    holds rank ``r - t``'s keys and values (1 whole, 0 skipped; the rectangle of rows and
+    columns that see each other, as :func:`ring_attention` computes it)."""
+    owners = [positions(seq, s, world, layout) for s in range(world)]
+    chunk = seq // world
+    shares = []
+    for r in range(world):
+        row = []
+        for t in range(world):
+            rows, cols = _visible(owners[r], owners[(r - t) % world], causal)
+            row.append(len(rows) * len(cols) / chunk ** 2)
+        shares.append(row)
+    return shares

@@ -42,8 +42,9 @@ from parlab.experiments.ch05_summary import summary_table, summary_text, Summary
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, depth_table
 from parlab.experiments.ch06 import stage_table
 from parlab.experiments.ch08 import (
-    causal_work, compare_methods, context_inputs, CONTEXT_METHODS, CONTEXT_RANKS, CONTEXT_SHAPE,
-    MethodRun
+    block_units, causal_work, causal_work_chart, compare_methods, context_inputs,
+    CONTEXT_METHODS, CONTEXT_RANKS, CONTEXT_SHAPE, MethodRun, ring_steps, run_sequence_parallel,
+    SequenceParallelRun, SP_CONFIG
 )
 from parlab.experiments.ch07 import (
     balancing_runs, capacity_sweep, example_layer, example_tokens, EXAMPLE, ExpertRun, RANKS, routing_table,
@@ -64,5 +65,6 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "copy_sizes", "copy_table", "depth_table", "stage_table", "EXAMPLE", "RANKS", "TOKENS",
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
            "CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
-           "compare_methods", "causal_work",
+           "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units", "SP_CONFIG", "SequenceParallelRun",
+           "run_sequence_parallel",
            "run_expert_layer", "balancing_runs"]

@@ -20,12 +20,17 @@ from torch.utils.flop_counter import FlopCounterMode
 from parlab.checks import check_choice, check_count
 from parlab.context_parallel import (
     all_gather_attention, all_gather_bytes, causal_pairs, LAYOUTS, ring_attention, ring_bytes,
-    shard, ulysses_attention, ulysses_bytes, unshard
+    ring_schedule, shard, ulysses_attention, ulysses_bytes, unshard
 )
 from parlab.launch import run
+from parlab.models import GPT, TransformerConfig
+from parlab.tensor_parallel import TensorParallelBlock
+from parlab.viz import figure
+from parlab.viz.plots import causal_work_figure, ring_steps_figure
 
 __all__ = ["CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
-           "compare_methods", "causal_work"]
+           "compare_methods", "causal_work", "block_units", "ring_steps", "causal_work_chart",
+           "SP_CONFIG", "SequenceParallelRun", "run_sequence_parallel"]
 
 CONTEXT_METHODS = {"ring": ring_attention, "all-gather": all_gather_attention,
            "ulysses": ulysses_attention}
@@ -56,7 +61,7 @@ class MethodRun:
 
     def row(self) -> dict:
         return {"method": self.method,
-                "max |difference| from one process": max(self.errors.values()),
+                "equal to one process (1e-12)": max(self.errors.values()) < 1e-12,
                 "forward bytes per rank": sorted(set(self.sent["forward"])),
                 "backward bytes per rank": sorted(set(self.sent["backward"])),
                 "closed form (forward, backward)": (self.closed_form["forward"],
@@ -118,21 +123,119 @@ def compare_methods(methods=tuple(CONTEXT_METHODS), shape=CONTEXT_SHAPE,
     return runs
 
 
-def _ring_flops_rank(shape, layout):
+def _ring_flops_rank(shape):
     r, n = dist.get_rank(), dist.get_world_size()
     q, k, v, _ = context_inputs(shape)
-    local = [shard(t, r, n, layout) for t in (q, k, v)]
-    with FlopCounterMode(display=False) as counter:
-        ring_attention(*local, causal=True, layout=layout)
-    return counter.get_total_flops()
+    flops = {}
+    for layout in LAYOUTS:
+        local = [shard(t, r, n, layout) for t in (q, k, v)]
+        with FlopCounterMode(display=False) as counter:
+            ring_attention(*local, causal=True, layout=layout)
+        flops[layout] = counter.get_total_flops()
+    return flops
 
 
 def causal_work(world: int = CONTEXT_RANKS, shape=CONTEXT_SHAPE, backend: str = "gloo") -> dict:
     """Per layout, per rank: the unmasked (query, key) pairs of causal attention, and the
-    FLOPs ring attention computes there (PyTorch's FlopCounterMode, forward), one launch
-    per layout."""
-    seq = shape[2]
-    return {layout: {"unmasked pairs": causal_pairs(seq, world, layout),
-                     "ring FLOPs": list(run(_ring_flops_rank, world, shape, layout,
-                                            backend=backend))}
+    FLOPs ring attention computes there (PyTorch's FlopCounterMode, forward), in one launch."""
+    check_count("world", world)
+    flops = run(_ring_flops_rank, world, shape, backend=backend)
+    return {layout: {"unmasked pairs": causal_pairs(shape[2], world, layout),
+                     "ring FLOPs": [rank[layout] for rank in flops]}
             for layout in LAYOUTS}
+
+
+#: Section 6's block: d_model 64, 8 heads, d_ff 256, one sequence of 64 tokens, fp32.
+SP_CONFIG = TransformerConfig(name="sp-block", d_model=64, n_layers=1, n_heads=8, d_ff=256,
+                              vocab=16, context=64)
+
+
+@dataclass
+class SequenceParallelRun:
+    """Tensor parallelism against sequence parallelism for one block on ``world`` ranks."""
+
+    world: int
+    max_error: dict        # {"tp": ..., "sp": ...}: largest difference from one process
+    saved_bytes: dict      # {"tp": [...], "sp": [...]}: activations kept per rank
+    sent: dict             # {"tp": {op: bytes}, "sp": {op: bytes}}: what rank 0 sent, by op
+
+
+def _saved(module, x):
+    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = module(x)
+    return out, sum(kept.values())
+
+
+def _sp_rank(seq):
+    r, n = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for kind in ("tp", "sp"):
+        group = dist.new_group(group_desc=kind)
+        torch.manual_seed(0)
+        block = TensorParallelBlock(GPT(SP_CONFIG).blocks[0], group,
+                                    sequence_parallel=kind == "sp")
+        g = torch.Generator().manual_seed(1)
+        x, w = (torch.randn(1, seq, SP_CONFIG.d_model, generator=g) for _ in range(2))
+        if kind == "sp":
+            x, w = (t.chunk(n, dim=1)[r].contiguous() for t in (x, w))
+        out, kept = _saved(block, x.requires_grad_())
+        (out * w).sum().backward()
+        results[kind] = (out.detach(), x.grad, kept)
+    return results
+
+
+def run_sequence_parallel(world: int = CONTEXT_RANKS, seq: int = 64) -> SequenceParallelRun:
+    """One block on ``world`` toy ranks, with tensor parallelism and with sequence parallelism:
+    both against one process (output and input gradient), the activation bytes each rank
+    keeps, and rank 0's bytes by collective."""
+    check_count("world", world)
+    ranks = run(_sp_rank, world, seq, backend="toy")
+    torch.manual_seed(0)
+    block = GPT(SP_CONFIG).blocks[0]
+    g = torch.Generator().manual_seed(1)
+    x, w = (torch.randn(1, seq, SP_CONFIG.d_model, generator=g) for _ in range(2))
+    out = block(x.requires_grad_())
+    (out * w).sum().backward()
+    errors, saved, sent = {}, {}, {}
+    for kind in ("tp", "sp"):
+        got_out = (torch.cat([rank[kind][0] for rank in ranks], dim=1) if kind == "sp"
+                   else ranks[0][kind][0])
+        got_grad = (torch.cat([rank[kind][1] for rank in ranks], dim=1) if kind == "sp"
+                    else ranks[0][kind][1])
+        errors[kind] = max((got_out - out).abs().max().item(),
+                           (got_grad - x.grad).abs().max().item())
+        saved[kind] = [rank[kind][2] for rank in ranks]
+        by_op = {}
+        for t in ranks.traffic.filter(group=kind, src=0).records:
+            by_op[t.op] = by_op.get(t.op, 0) + t.nbytes
+        sent[kind] = {op: b for op, b in sorted(by_op.items()) if b}
+    return SequenceParallelRun(world, errors, saved, sent)
+
+
+def block_units(world: int = CONTEXT_RANKS, shape=CONTEXT_SHAPE) -> tuple[int, int]:
+    """One whole ``S/p x S/p`` block: its (query, key) pairs, and ring attention's FLOPs for
+    it (the QK^T and PV products: 2 x 2 x batch x heads x (S/p)^2 x d_head)."""
+    b, h, s, d = shape
+    chunk = s // world
+    return chunk * chunk, 4 * b * h * chunk * chunk * d
+
+
+@figure("fig-08-ring-steps", "Ring attention, causal, on 4 ranks: the key/value block each "
+                             "rank holds at each step and how much of it it computes")
+def ring_steps(layout: str = "contiguous", world: int = CONTEXT_RANKS):
+    return ring_steps_figure(world, ring_schedule(CONTEXT_SHAPE[2], world, layout), layout)
+
+
+@figure("fig-08-causal-work", "Causal attention's work per rank, by layout: unmasked pairs and "
+                              "the FLOPs ring attention computes")
+def causal_work_chart():
+    return causal_work_figure(causal_work(), *block_units())

@@ -13,7 +13,8 @@ from parlab.viz.widgets.tensor_parallel import attention_explorer, shard_memory_
 from parlab.viz.widgets.planner import planner_explorer
 from parlab.viz.widgets.sharded import zero_explorer
 from parlab.viz.widgets.experts import expert_explorer
+from parlab.viz.widgets.context import context_explorer
 
-__all__ = ["memory_explorer", "energy_explorer", "scaling_explorer", "step_explorer",
+__all__ = ["context_explorer", "memory_explorer", "energy_explorer", "scaling_explorer", "step_explorer",
            "compare_explorer", "attention_explorer", "shard_memory_explorer", "planner_explorer",
            "zero_explorer", "expert_explorer"]
