@@ -184,7 +184,7 @@ except launch.RankError as err:
 # %% [markdown]
 # A rank that never makes its collective call is worse: the others would wait forever.
 # Every launch has a `timeout` (<span data-glue="timeout_default">60</span> s by default); here
-# <span data-glue="timeout_here">2</span> s.
+# <span data-glue="timeout_here">1</span> s.
 
 # %%
 def forgetful():

@@ -421,8 +421,8 @@ glue("ds_gb64", big["DeepSeek-V3"][1][2], ".1f")
 # <span data-glue="ds_gb1">1,342</span> GB in bf16, and a token uses
 # <span data-glue="ds_active">37.6</span> B of them. Its report trains with the experts
 # split 64 ways across 8 nodes: each GPU then holds <span data-glue="ds_gb64">54.7</span> GB
-# of weights, most of them the dense parts that every GPU keeps. Mixtral (8 experts) cannot
-# be split 64 ways (nan).
+# of weights, most of them the dense parts that every GPU keeps. Mixtral has 8 experts a
+# layer, so it cannot be split 64 ways: the table shows nan there.
 #
 # ## 8. Explore
 #
