@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch import run
+from parlab.memory import forward_saved_bytes
 from parlab.models import GPT, TransformerConfig
 from parlab.tensor_parallel import (
     allreduce_sequence_parallel_grads, merge_grads, reduce_scatter_to_region, TensorParallelBlock
@@ -135,18 +136,7 @@ def _saved_bytes(sequence_parallel):
     x = torch.randn(2, 64, MEMORY.d_model)
     if sequence_parallel:
         x = x.chunk(t, dim=1)[r].contiguous()
-    weights = {p.untyped_storage().data_ptr() for p in tp.parameters()}
-    kept = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        tp(x.requires_grad_())
-    return sum(kept.values())
+    return forward_saved_bytes(tp, x.requires_grad_())[1]
 
 
 @pytest.mark.parametrize("world", [2, 4])

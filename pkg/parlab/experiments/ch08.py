@@ -23,6 +23,7 @@ from parlab.context_parallel import (
     ring_schedule, shard, ulysses_attention, ulysses_bytes, unshard
 )
 from parlab.launch import run
+from parlab.memory import forward_saved_bytes
 from parlab.models import GPT, TransformerConfig
 from parlab.tensor_parallel import TensorParallelBlock
 from parlab.viz import figure
@@ -160,21 +161,6 @@ class SequenceParallelRun:
     sent: dict             # {"tp": {op: bytes}, "sp": {op: bytes}}: what rank 0 sent, by op
 
 
-def _saved(module, x):
-    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    kept = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = module(x)
-    return out, sum(kept.values())
-
-
 def _sp_rank(seq):
     r, n = dist.get_rank(), dist.get_world_size()
     results = {}
@@ -187,7 +173,7 @@ def _sp_rank(seq):
         x, w = (torch.randn(1, seq, SP_CONFIG.d_model, generator=g) for _ in range(2))
         if kind == "sp":
             x, w = (t.chunk(n, dim=1)[r].contiguous() for t in (x, w))
-        out, kept = _saved(block, x.requires_grad_())
+        out, kept = forward_saved_bytes(block, x.requires_grad_())
         (out * w).sum().backward()
         results[kind] = (out.detach(), x.grad, kept)
     return results

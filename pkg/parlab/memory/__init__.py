@@ -28,7 +28,7 @@ from parlab.memory.decoders import tensor_split_sizes, tp_problem
 from parlab.memory.calculator import (
     activation_bytes, activations_per_layer, block_activations, estimate, min_gpus
 )
-from parlab.memory.measurement import measure
+from parlab.memory.measurement import forward_saved_bytes, measure
 from parlab.memory.recompute import (
     layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops, RecomputeFlops,
     RecomputeResult, Trace
@@ -40,7 +40,7 @@ from parlab.memory.energy import (
 from parlab.memory.korthikanti import compare_block, korthikanti_terms
 from parlab.memory.serving import Serving, serving_bytes
 
-__all__ = ["check_optimizer", "bytes_per_parameter_table", "PRECISIONS", "OPTIMIZERS",
+__all__ = ["forward_saved_bytes", "check_optimizer", "bytes_per_parameter_table", "PRECISIONS", "OPTIMIZERS",
            "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Breakdown", "Plan", "ModelStates", "estimate",
            "min_gpus", "model_state_bytes", "activation_bytes", "activations_per_layer", "measure",
            "RunCost", "Waste", "training_cost", "failure_cost", "expected_waste", "young_interval",

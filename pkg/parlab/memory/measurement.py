@@ -22,7 +22,7 @@ from parlab.memory.calculator import resolve_setup
 from parlab.memory.tracing import default_loss, failure_message
 from parlab.memory.decoders import DECODERS
 
-__all__ = ["measure"]
+__all__ = ["measure", "forward_saved_bytes"]
 
 
 def _unique_bytes(tensors) -> int:
@@ -204,3 +204,21 @@ def _measure(s: Setup, device, seed) -> Breakdown:
         b = Breakdown(**{**{f.name: getattr(b, f.name) for f in fields(b)},
                          "other": max(0, peak - b.total)})
     return b
+
+
+def forward_saved_bytes(module: torch.nn.Module, *inputs):
+    """``(output, bytes)``: run ``module(*inputs)`` and count the distinct storages autograd
+    keeps for the backward pass, the module's own parameters left out (its inputs, when kept,
+    counted). Views of one tensor count once, as they share its memory."""
+    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(*inputs)
+    return out, sum(kept.values())
