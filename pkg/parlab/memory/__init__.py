@@ -40,7 +40,8 @@ from parlab.memory.energy import (
 from parlab.memory.korthikanti import compare_block, korthikanti_terms
 from parlab.memory.serving import Serving, serving_bytes
 
-__all__ = ["forward_saved_bytes", "check_optimizer", "bytes_per_parameter_table", "PRECISIONS", "OPTIMIZERS",
+__all__ = ["forward_saved_bytes", "check_optimizer", "bytes_per_parameter_table", "PRECISIONS",
+           "OPTIMIZERS",
            "ESTIMATED_SCHEDULES", "ZERO_STAGES", "Breakdown", "Plan", "ModelStates", "estimate",
            "min_gpus", "model_state_bytes", "activation_bytes", "activations_per_layer", "measure",
            "RunCost", "Waste", "training_cost", "failure_cost", "expected_waste", "young_interval",
