@@ -3,7 +3,7 @@ Ulysses), each checked against attention over the whole sequence, with its bytes
 from the toy log beside the closed forms; and the causal work each layout gives a rank.
 
 The example: a batch of 1 sequence of 16 tokens, 4 heads of width 4, float64, on 4 ranks,
-causal, zigzag layout. One launch runs every method, each on a process group named after it
+causal, contiguous layout. One launch runs every method, each on a process group named after it
 (so that its messages stand apart in the log), twice: forward only under ``no_grad`` (the
 forward bytes), then forward and backward (the backward bytes are the difference).
 """
@@ -88,7 +88,8 @@ def _methods_rank(methods, shape, kv_heads, causal, layout):
 
 def compare_methods(methods=tuple(CONTEXT_METHODS), shape=CONTEXT_SHAPE,
                     kv_heads: int | None = None,
-                    world: int = CONTEXT_RANKS, causal: bool = True, layout: str = "zigzag",
+                    world: int = CONTEXT_RANKS, causal: bool = True,
+                    layout: str = "contiguous",
                     backend: str = "toy") -> list[MethodRun]:
     """Run each method on ``world`` ranks in one launch; compare with one process."""
     for m in methods:
@@ -171,8 +172,8 @@ def _sp_rank(seq):
                                     sequence_parallel=kind == "sp")
         g = torch.Generator().manual_seed(1)
         x, w = (torch.randn(1, seq, SP_CONFIG.d_model, generator=g) for _ in range(2))
-        if kind == "sp":
-            x, w = (t.chunk(n, dim=1)[r].contiguous() for t in (x, w))
+        if kind == "sp":  # a copy: a view would keep the whole sequence's storage alive
+            x, w = (t.chunk(n, dim=1)[r].clone() for t in (x, w))
         out, kept = forward_saved_bytes(block, x.requires_grad_())
         (out * w).sum().backward()
         results[kind] = (out.detach(), x.grad, kept)

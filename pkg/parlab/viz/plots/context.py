@@ -34,8 +34,8 @@ def ring_steps_figure(world: int, computed: list[list[float]], layout: str):
     for side in ax.spines.values():
         side.set_visible(False)
     ax.set_title(f"Ring attention on {world} ranks, causal, {layout} layout: the K,V block each "
-                 f"rank holds\n(and passes to the next rank) at each step, and how much of it "
-                 f"it computes", fontsize=9)
+                 f"rank holds at each step\n(passed on to the next rank before every step but "
+                 f"the last), and how much of it the rank computes", fontsize=9)
     return fig
 
 
