@@ -277,3 +277,17 @@ def test_chapter_08_compares_the_three_methods_in_one_launch():
     ring, gathered = runs
     assert ring.closed_form["forward"] == gathered.closed_form["forward"]
     assert ring.closed_form["backward"] > gathered.closed_form["backward"]
+
+
+def test_chapter_08_exercises_accept_the_answers_worked_by_hand():
+    """08.1: 3 transfers x (K + V) of 4 tokens x 4 heads x 4 x 8 bytes; 08.2: 2p - 1 on 8
+    ranks (a long sequence, within 1 %); 08.3: (p - 1)/p of Q, K, V and O shards of 1,024 B
+    on 2 ranks. The classic slips get a hint, not a pass."""
+    from parlab.exercises import check
+
+    assert check("08.1", 3 * 2 * 4 * 4 * 4 * 8).ok is True
+    assert check("08.1", 4 * 2 * 4 * 4 * 4 * 8).ok is False  # p transfers, not p - 1
+    assert check("08.2", 15).ok is True
+    assert check("08.2", 8).ok is False  # blocks computed, the diagonal counted whole
+    assert check("08.3", 4 * 1024 // 2).ok is True
+    assert check("08.3", 4 * 1024).ok is False
