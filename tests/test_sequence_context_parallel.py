@@ -291,3 +291,25 @@ def test_chapter_08_exercises_accept_the_answers_worked_by_hand():
     assert check("08.2", 8).ok is False  # blocks computed, the diagonal counted whole
     assert check("08.3", 4 * 1024 // 2).ok is True
     assert check("08.3", 4 * 1024).ok is False
+
+
+def _strided_gradient_rank():
+    from parlab.context_parallel.allgather import _GatherRows
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = (torch.arange(6.0).view(2, 3) + 10 * r).requires_grad_()
+    gathered = _GatherRows.apply(x, None)                      # (2n, 3), rank order
+    weights = torch.arange(6.0 * n).view(3, 2 * n) * (r + 1)   # this rank's loss weights
+    (gathered.t() * weights).sum().backward()  # the gradient arrives transposed: strided
+    return x.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sequence_all_gather_backward_sums_a_strided_gradient(backend):
+    """The regression the issue warns of (PyTorch's own all-gather backward on gloo got key
+    and value gradients wrong for a strided gradient): each rank's rows get the sum over
+    ranks of their gradient, here (1 + 2 + 3) times the transposed weights' rows."""
+    n = 3
+    base = torch.arange(6.0 * n).view(3, 2 * n).t()
+    for r, grad in enumerate(run(_strided_gradient_rank, n, backend=backend)):
+        assert torch.equal(grad, sum(range(1, n + 1)) * base[2 * r:2 * r + 2])
