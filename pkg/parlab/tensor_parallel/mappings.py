@@ -4,17 +4,17 @@ Why this module exists: a collective in a forward pass always has a partner in t
 pass, and getting that partner wrong gives gradients that are silently off by a factor of
 the number of ranks (or missing a rank's share). Megatron-LM names the pairs, and so do we:
 
-==========================  ===========================  ==============================
-function                    forward                      backward
-==========================  ===========================  ==============================
-:func:`copy_to_region`      identity                     all-reduce (sum)
-:func:`reduce_from_region`  all-reduce (sum)             identity
-:func:`gather_from_region`  all-gather along ``dim``     keep this rank's slice
-:func:`scatter_to_region`   keep this rank's slice       all-gather along ``dim``
-:func:`gather_for_use`      all-gather along ``dim``     reduce-scatter (sum) along ``dim``
-:func:`reduce_scatter_to_region`  reduce-scatter (sum)   all-gather along ``dim``
-:func:`broadcast_from`      broadcast from ``src``       reduce (sum) to ``src``
-==========================  ===========================  ==============================
+================================  ========================  ==================================
+function                          forward                   backward
+================================  ========================  ==================================
+:func:`copy_to_region`            identity                  all-reduce (sum)
+:func:`reduce_from_region`        all-reduce (sum)          identity
+:func:`gather_from_region`        all-gather along ``dim``  keep this rank's slice
+:func:`scatter_to_region`         keep this rank's slice    all-gather along ``dim``
+:func:`gather_for_use`            all-gather along ``dim``  reduce-scatter (sum) along ``dim``
+:func:`reduce_scatter_to_region`  reduce-scatter (sum)      all-gather along ``dim``
+:func:`broadcast_from`            broadcast from ``src``    reduce (sum) to ``src``
+================================  ========================  ==================================
 
 The rule behind the table: a tensor that every rank holds in full ("replicated") carries,
 in this package, the *same* full gradient on every rank, as in Megatron. When ranks start
@@ -46,8 +46,8 @@ import torch.distributed as dist
 from torch.autograd import Function
 
 __all__ = ["copy_to_region", "reduce_from_region", "gather_from_region", "scatter_to_region",
-           "gather_for_use", "reduce_scatter_to_region", "broadcast_from", "all_gather_cat", "local_slice",
-           "reduce_scatter_slice"]
+           "gather_for_use", "reduce_scatter_to_region", "broadcast_from", "all_gather_cat",
+           "local_slice", "reduce_scatter_slice"]
 
 
 def _size_rank(group) -> tuple[int, int]:
