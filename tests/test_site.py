@@ -232,3 +232,12 @@ def test_progress_bars_are_stored_finished(path):
             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
             and not o["data"]["text/plain"].startswith("[interactive]")]
     assert all("100%" in bar for bar in bars), bars
+
+
+def test_every_public_face_is_on_the_api_page_or_left_out_by_name():
+    """A new subpackage (context_parallel was missed once) reaches the API page."""
+    from parlab.tools.site import API_FACES
+
+    pkg = Path(__file__).resolve().parents[1] / "pkg" / "parlab"
+    faces = {p.parent.name for p in pkg.glob("*/__init__.py")}
+    assert faces - set(API_FACES) <= {"checks", "progress", "tools"}, faces - set(API_FACES)

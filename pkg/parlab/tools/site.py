@@ -51,9 +51,9 @@ HIDDEN_TAG = "remove-cell"
 #: The public faces on the API page: what a reader's cell imports. Left out: ``checks`` and
 #: ``progress`` (helpers the package calls for itself) and ``tools`` (maintainers' commands).
 API_FACES = ("launch", "comm", "models", "memory", "data_parallel", "sharded", "pipeline",
-             "tensor_parallel", "tensor_parallel.debug", "expert_parallel", "hybrid", "viz", "viz.plots",
-             "viz.widgets", "experiments",
-             "exercises", "units", "hardware")
+             "tensor_parallel", "tensor_parallel.debug", "expert_parallel", "context_parallel",
+             "hybrid", "viz", "viz.plots", "viz.widgets", "experiments", "exercises", "units",
+             "hardware")
 #: Names a face exports for the chapters' machinery, not for readers: left off the API page.
 API_EXCLUDE = {"viz": ("glue",)}
 _WIDGET = "application/vnd.jupyter.widget-view+json"
