@@ -164,3 +164,24 @@ def test_sequence_parallel_splits_every_activation_t_ways(world):
     plain = run(_saved_bytes, world, False)
     assert plain == [layer_norm_regions + (total - layer_norm_regions) // world + mask
                      + ln_stats(seq)] * world
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_calculator_counts_a_sequence_parallel_block_as_measured(world):
+    """memory.block_activations(..., tp=t, sequence_parallel=...) against what each rank's
+    block kept (fp32, batch 2, 64 tokens), with and without sequence parallelism."""
+    from parlab.memory import block_activations
+
+    for sp in (True, False):
+        counted = sum(block_activations(MEMORY, 2, 64, "fp32", tp=world,
+                                        sequence_parallel=sp).values())
+        assert run(_saved_bytes, world, sp) == [counted] * world, sp
+
+
+def test_the_calculator_refuses_what_it_does_not_model():
+    from parlab.memory import block_activations
+
+    with pytest.raises(ValueError, match="divides"):
+        block_activations(MEMORY, 2, 63, "fp32", tp=2, sequence_parallel=True)
+    with pytest.raises(ValueError, match="GPT blocks"):
+        block_activations("Llama-3-8B", 1, 64, "bf16", tp=2, sequence_parallel=True)

@@ -222,7 +222,7 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
 
 
 def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
-                      tp: int = 1) -> dict[str, int]:
+                      tp: int = 1, sequence_parallel: bool = False) -> dict[str, int]:
     """Saved bytes of one block of :func:`parlab.models.build_model`, tensor by tensor.
 
     :func:`activations_per_layer` adds these up; the formulas live in
@@ -248,12 +248,19 @@ def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
     listed in :mod:`parlab.memory.decoders`. ``model``: a
     :class:`~parlab.models.TransformerConfig` or :class:`~parlab.models.LlamaConfig` (or its
     name), with ``tp`` dividing its heads (and key/value heads) and d_ff; the norms' tensors
-    are replicated under tensor parallelism.
+    are replicated under tensor parallelism, unless ``sequence_parallel`` (GPT blocks, as
+    :class:`parlab.tensor_parallel.TensorParallelBlock` runs them) splits their tokens
+    ``tp`` ways as well.
     """
     s = _micro(model, batch, seq, precision, tp)
     if not isinstance(s.model, DECODERS):
         raise ValueError(f"block_activations counts a transformer block; got {s.model!r}")
-    return block_terms(s.model, batch, seq, s.precision.bytes, tp)
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if sequence_parallel and seq % tp:
+        raise ValueError(f"sequence_parallel splits the {seq} tokens over tp={tp} ranks: "
+                         f"use a sequence length that {tp} divides")
+    return block_terms(s.model, batch, seq, s.precision.bytes, tp, sequence_parallel)
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:

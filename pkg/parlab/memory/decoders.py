@@ -58,16 +58,27 @@ def tp_problem(m, tp: int) -> str:
     return f"{text}; valid tp for {m.name}: {valid}"
 
 
-def block_terms(m, batch: int, seq: int, e: int, tp: int) -> dict[str, int]:
+def block_terms(m, batch: int, seq: int, e: int, tp: int,
+                sequence_parallel: bool = False) -> dict[str, int]:
     """Bytes one block saves for b = ``batch`` sequences of T = ``seq`` tokens, tensor by
     tensor, on one of ``tp`` ranks (``e`` bytes per element of the compute dtype).
-    :func:`parlab.memory.block_activations` documents the keys."""
+    :func:`parlab.memory.block_activations` documents the keys. ``sequence_parallel``
+    (Megatron's, GPT blocks): the LayerNorm regions hold T/tp tokens on each rank, so their
+    tensors (both LayerNorms' inputs, outputs and statistics) are divided by ``tp`` too; the
+    column-parallel layers keep their own tokens only and gather them again for backward."""
     if isinstance(m, LlamaConfig):
         m.check_modelled("the activation memory of a block")
+        if sequence_parallel:
+            raise ValueError("sequence_parallel is modelled for GPT blocks "
+                             "(parlab.tensor_parallel.TensorParallelBlock), not Llama's")
         return _llama_block(m, batch, seq, e, tp)
     bt, d = batch * seq, m.d_model
     x, heads, ff = e * bt * d, e * bt * d // tp, e * bt * m.d_ff // tp
-    return {"ln1 input": x, "ln1 output": x, "ln mean/rstd": e * 4 * bt, "q heads": heads,
+    if sequence_parallel:
+        x, stats = x // tp, e * 4 * bt // tp
+    else:
+        stats = e * 4 * bt
+    return {"ln1 input": x, "ln1 output": x, "ln mean/rstd": stats, "q heads": heads,
             "k heads": heads, "v heads": heads, "causal mask": seq * seq,
             "softmax probabilities": e * batch * m.n_heads * seq * seq // tp,
             "attention output": heads, "ln2 input": x, "ln2 output": x, "gelu input": ff,
