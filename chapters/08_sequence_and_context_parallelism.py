@@ -47,7 +47,6 @@
 # %%
 import torch
 
-from parlab.context_parallel import positions, shard, unshard
 from parlab.experiments import CONTEXT_RANKS, CONTEXT_SHAPE
 from parlab.viz import show
 
@@ -189,7 +188,7 @@ check("08.2", ...)
 # one S/p x S/p block. Wall time would not show it: the ranks share a few CPU cores.
 
 # %%
-from parlab.context_parallel import LAYOUTS
+from parlab.context_parallel import LAYOUTS, positions
 from parlab.experiments import causal_work_chart
 
 for layout in LAYOUTS:

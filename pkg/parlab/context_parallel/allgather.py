@@ -38,24 +38,10 @@ import torch.nn.functional as F
 from torch.autograd import Function
 
 from parlab.checks import check_count, check_index
-from parlab.context_parallel.blocks import visible
+from parlab.context_parallel.blocks import check_qkv, visible
 from parlab.context_parallel.layouts import positions
 
-__all__ = ["all_gather_attention", "all_gather_bytes", "check_qkv"]
-
-
-def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q ``(batch, H, tokens, d_head)``; k and v ``(batch, H_kv, tokens, d_head)`` with
-    ``H_kv`` dividing ``H`` (grouped-query attention: query head h uses key/value head
-    ``h // (H / H_kv)``, as ``repeat_interleave`` and SDPA's ``enable_gqa`` do)."""
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or \
-            (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]):
-        raise ValueError(f"{name} needs q of shape (batch, heads, tokens, d_head) and k, v of "
-                         f"one shape (batch, kv_heads, tokens, d_head); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{name}: {k.shape[1]} key/value heads do not divide the "
-                         f"{q.shape[1]} query heads (grouped-query attention needs H % H_kv == 0)")
+__all__ = ["all_gather_attention", "all_gather_bytes"]
 
 
 def _all_gather(output, tensor, group):

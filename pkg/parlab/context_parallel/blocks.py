@@ -14,14 +14,15 @@ that sees no key of a block has ``L_b = -inf`` and weight 0.
 The backward pass of one block needs only the final ``L`` and ``D = rowsum(dO * O)`` of its
 query rows (FlashAttention-2's recomputation): ``P = exp(S - L)``, ``dV = P^T dO``,
 ``dS = P * (dO V^T - D)``, ``dQ = dS K / sqrt(d)``, ``dK = dS^T Q / sqrt(d)``.
-Tensors are ``(batch, heads, tokens, d_head)``.
+Tensors are ``(batch, heads, tokens, d_head)``; :func:`check_qkv` holds the three methods'
+inputs to that shape.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["block_forward", "block_backward", "merge", "visible"]
+__all__ = ["block_forward", "block_backward", "merge", "visible", "check_qkv"]
 
 
 def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor | None:
@@ -66,3 +67,17 @@ def block_backward(q, k, v, q_pos, k_pos, causal: bool, scale: float, grad_out, 
     grad_v = p.transpose(-2, -1) @ grad_out
     grad_s = p * (grad_out @ v.transpose(-2, -1) - delta[..., None])
     return grad_s @ k * scale, grad_s.transpose(-2, -1) @ q * scale, grad_v
+
+
+def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q ``(batch, H, tokens, d_head)``; k and v ``(batch, H_kv, tokens, d_head)`` with
+    ``H_kv`` dividing ``H`` (grouped-query attention: query head h uses key/value head
+    ``h // (H / H_kv)``, as ``repeat_interleave`` and SDPA's ``enable_gqa`` do)."""
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or \
+            (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]):
+        raise ValueError(f"{name} needs q of shape (batch, heads, tokens, d_head) and k, v of "
+                         f"one shape (batch, kv_heads, tokens, d_head); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{name}: {k.shape[1]} key/value heads do not divide the "
+                         f"{q.shape[1]} query heads (grouped-query attention needs H % H_kv == 0)")

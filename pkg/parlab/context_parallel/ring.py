@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
-from parlab.context_parallel.allgather import check_qkv
-from parlab.context_parallel.blocks import block_backward, block_forward, merge
+from parlab.context_parallel.blocks import block_backward, block_forward, check_qkv, merge
 from parlab.context_parallel.layouts import positions
 
 __all__ = ["ring_attention", "ring_bytes", "ring_schedule"]

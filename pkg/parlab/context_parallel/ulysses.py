@@ -41,8 +41,7 @@ import torch.nn.functional as F
 
 from parlab.checks import check_count, check_index
 from parlab.comm import all_to_all
-from parlab.context_parallel.allgather import check_qkv
-from parlab.context_parallel.blocks import visible
+from parlab.context_parallel.blocks import check_qkv, visible
 from parlab.context_parallel.layouts import positions
 
 __all__ = ["ulysses_attention", "ulysses_bytes"]
