@@ -34,7 +34,8 @@
 # 5. run ring attention, **all-gather** attention (Llama 3's method) and **Ulysses**
 #    (DeepSpeed's) on real ranks, each equal to attention over the whole sequence, and
 #    compare them byte by byte;
-# 6. split the rest of the block by sequence too, Megatron's **sequence parallelism**;
+# 6. split the rest of the block by sequence too, Megatron's **sequence parallelism**, and
+#    see the memory per GPU of each method as the sequence grows to 128K tokens;
 # 7. explore, and solve three exercises.
 #
 # Notation: a sequence of S tokens on p ranks, H query heads and H_kv key/value heads
@@ -316,6 +317,58 @@ glue("sp_extra", extra_gather, ",")
 # formula for a layer with dropout, per GPU, for sequence length s, micro-batch b, width h
 # and a heads in 16-bit activations, is `sbh(34 + 5as/h)/t` with both methods against
 # `sbh(10 + 24/t + 5as/(ht))` with tensor parallelism alone.
+#
+# ### Memory per GPU, as the sequence grows
+#
+# Chapter 01's calculator takes all of this: `estimate(..., cp=, cp_method=,
+# sequence_parallel=)`. Each method's count is what each rank really keeps: a test puts
+# ring, all-gather and Ulysses attention into a GPT and a Llama with
+# `apply_context_parallel` and holds the count, byte for byte, to the tensors autograd
+# saves on two and four ranks, for one block and for the whole step with its loss. For
+# Llama-3.1-8B on one server, and for the layouts Llama 3 published for its largest model
+# (Dubey et al., 2024, Table 4: tensor 8 and pipeline 16, with context parallelism 16 for
+# the 128K stage), in bf16 with Adam:
+
+# %%
+from parlab.experiments import memory_by_sequence_chart
+
+show(memory_by_sequence_chart())
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.experiments import memory_by_sequence
+
+memory = memory_by_sequence()
+small, big = memory.values()
+glue("mem_tp8", small["tp 8"][-1].total / 1e9, ".0f")
+glue("mem_sp8", small["tp 8 + sequence parallel"][-1].total / 1e9, ".0f")
+glue("mem_cp8", small["cp 8, ring"][-1].total / 1e9, ".0f")
+glue("mem_ag8", small["cp 8, all-gather (ours keeps a mask)"][-1].total / 1e9, ".0f")
+glue("mem_8k_sp", big["tp 8 + sequence parallel, pp 16"][-1].total / 1e9, ",.0f")
+glue("mem_cp16", big["+ cp 16 ring (128K stage)"][-1].total / 1e9, ".0f")
+glue("mem_cp16_act", big["+ cp 16 ring (128K stage)"][-1].activations / 1e9, ".0f")
+glue("mem_cp16_8k", big["+ cp 16 ring (128K stage)"][0].total / 1e9, ".0f")
+
+# %% [markdown]
+# At 128K tokens the smaller model needs <span data-glue="mem_tp8">379</span> GB per GPU with
+# tensor parallelism alone, <span data-glue="mem_sp8">138</span> GB with sequence
+# parallelism, and <span data-glue="mem_cp8">159</span> GB with ring attention over the
+# server's GPUs (its weights and Adam state are then copied on every GPU, ZeRO-1 shards only the
+# optimizer state): one server is not enough at that length, whatever the method. Ring and
+# Ulysses keep nearly the same bytes; our all-gather keeps
+# <span data-glue="mem_ag8">307</span> GB, because it builds a mask of which keys each query
+# may see, T/p by T booleans that become a T/p by T tensor attention keeps for its backward
+# pass. Llama 3's kernel needs no such mask, so read that curve as the cost of our simple
+# version, not of the method. For the largest model, the 8K stage's layout at 128K tokens
+# would need <span data-glue="mem_8k_sp">1,742</span> GB per GPU even with sequence
+# parallelism; context parallelism brings it to
+# <span data-glue="mem_cp16">118</span> GB, of which
+# <span data-glue="mem_cp16_act">104</span> GB are the activations of the 16 micro-batches
+# the first stage holds in flight. That is still more than 80 GB: the paper does not say
+# how it fits the rest (its own pipeline schedule, and whatever it recomputes, are not
+# modelled here), so take this as the calculator's count for these layouts, not as
+# Meta's measurement. The 128K layout at 8K tokens would need only
+# <span data-glue="mem_cp16_8k">21</span> GB, which is why the short stage used no context
+# parallelism.
 #
 # ## 7. Explore
 #

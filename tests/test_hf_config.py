@@ -16,7 +16,7 @@ from parlab.models import (
 #: Totals as published (model cards, or ``sum(p.numel())`` of the Hugging Face checkpoint).
 PUBLISHED = {"gpt2": 124_439_808, "Llama-2-7B": 6_738_415_616, "Llama-3-8B": 8_030_261_248,
              "Llama-3.2-1B": 1_235_814_400, "Mistral-7B": 7_241_732_096,
-             "Mixtral-8x7B": 46_702_792_704}
+             "Mixtral-8x7B": 46_702_792_704, "Llama-3.1-405B": 405_853_388_800}
 
 SMALL = LlamaConfig("small", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab=64,
                     context=16)

@@ -183,5 +183,18 @@ def test_the_calculator_refuses_what_it_does_not_model():
 
     with pytest.raises(ValueError, match="divides"):
         block_activations(MEMORY, 2, 63, "fp32", tp=2, sequence_parallel=True)
-    with pytest.raises(ValueError, match="GPT blocks"):
-        block_activations("Llama-3-8B", 1, 64, "bf16", tp=2, sequence_parallel=True)
+    with pytest.raises(TypeError, match="True or False"):
+        block_activations(MEMORY, 2, 64, "fp32", tp=2, sequence_parallel=1)
+
+
+def test_a_sequence_parallel_llama_block_divides_its_norms_by_tp():
+    """Llama's count follows the rule measured on the GPT block: the norms' tensors (inputs,
+    fp32 copies, statistics, outputs) are divided by tp, the rest is unchanged."""
+    from parlab.memory import block_activations
+
+    tp_only = block_activations("Llama-3-8B", 1, 64, "bf16", tp=2)
+    sp = block_activations("Llama-3-8B", 1, 64, "bf16", tp=2, sequence_parallel=True)
+    assert sp.keys() == tp_only.keys()
+    for key, value in tp_only.items():
+        norm = "norm" in key
+        assert sp[key] == (value // 2 if norm else value), key

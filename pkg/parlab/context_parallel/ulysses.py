@@ -12,11 +12,13 @@ Attention heads are independent, so (Jacobs et al., 2023):
 3. a second all-to-all, the inverse, brings the output back to ``S/p`` tokens of all heads.
 
 After step 1 the tokens are in rank order of the shards (rank 0's, then rank 1's, ...), which
-is sequence order only for the contiguous layout; the causal mask compares global positions,
-``M[i, j] = 0 if pos_j <= pos_i else -inf``, with ``pos`` every rank's ``positions``
-concatenated (a FlashAttention kernel would instead reorder the tokens to sequence order and
-use its causal flag). The backward pass is the same two all-to-alls in reverse (the gradient
-of a row goes back where the row came from), and attention's own backward in between.
+is sequence order only for the contiguous layout. For a causal mask the other layouts are put
+into sequence order first (and the output back into rank order), so attention runs with
+its causal flag, as a FlashAttention kernel does: no T x T mask is built or kept for the
+backward pass (a boolean mask would become an additive T x T tensor that
+``scaled_dot_product_attention`` keeps, ``e T^2`` bytes per layer: 34 GB at 128K tokens in
+bf16). The backward pass is the same two all-to-alls in reverse (the gradient of a row goes
+back where the row came from), and attention's own backward in between.
 
 Here Q, K and V travel in one all-to-all (DeepSpeed's ``DistributedAttention`` issues one per
 tensor: the same bytes, a third of the messages). Heads are the unit, so ``p`` must divide
@@ -41,7 +43,7 @@ import torch.nn.functional as F
 
 from parlab.checks import check_count, check_index
 from parlab.comm import all_to_all
-from parlab.context_parallel.blocks import check_qkv, visible
+from parlab.context_parallel.blocks import check_qkv
 from parlab.context_parallel.layouts import positions
 
 __all__ = ["ulysses_attention", "ulysses_bytes"]
@@ -104,10 +106,14 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     _check_heads(k.shape[1], n)
     order = torch.cat([positions(q.shape[-2] * n, s, n, layout) for s in range(n)])
     qh, kh, vh = _sequence_to_heads(q, k, v, group)
-    mask = visible(order, order, causal)
-    out = F.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=None if mask is None else mask.to(q.device), scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1])
+    shuffled = causal and layout != "contiguous"
+    if shuffled:  # into sequence order: row i of the sorted tensors is position i
+        by_position = torch.argsort(order).to(q.device)
+        qh, kh, vh = (x.index_select(-2, by_position) for x in (qh, kh, vh))
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    if shuffled:  # back into rank order: row j is position order[j]
+        out = out.index_select(-2, order.to(q.device))
     return _heads_to_sequence(out, group)
 
 

@@ -23,15 +23,17 @@ from parlab.context_parallel import (
     ring_schedule, shard, ulysses_attention, ulysses_bytes, unshard
 )
 from parlab.launch import run
-from parlab.memory import forward_saved_bytes
-from parlab.models import GPT, TransformerConfig
+from parlab.hardware import GPU_MEMORY_GB
+from parlab.memory import estimate, forward_saved_bytes
+from parlab.models import get_config, GPT, TransformerConfig
 from parlab.tensor_parallel import TensorParallelBlock
 from parlab.viz import figure
-from parlab.viz.plots import causal_work_figure, ring_steps_figure
+from parlab.viz.plots import causal_work_figure, memory_by_sequence_figure, ring_steps_figure
 
 __all__ = ["CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
            "compare_methods", "causal_work", "block_units", "ring_steps", "causal_work_chart",
-           "SP_CONFIG", "SequenceParallelRun", "run_sequence_parallel"]
+           "SP_CONFIG", "SequenceParallelRun", "run_sequence_parallel", "MEMORY_LENGTHS",
+           "MEMORY_LAYOUTS", "memory_by_sequence", "memory_by_sequence_chart"]
 
 CONTEXT_METHODS = {"ring": ring_attention, "all-gather": all_gather_attention,
            "ulysses": ulysses_attention}
@@ -226,3 +228,59 @@ def ring_steps(layout: str = "contiguous", world: int = CONTEXT_RANKS):
                               "the FLOPs ring attention computes")
 def causal_work_chart():
     return causal_work_figure(causal_work(), *block_units())
+
+
+#: The sequence lengths of the memory figure: Llama 3's 8K pre-training up to its 128K stage.
+MEMORY_LENGTHS = (8192, 16384, 32768, 65536, 131072)
+
+#: Per model, the layouts the memory figure compares (keywords of ``memory.estimate``), each
+#: with bf16 and Adam, ZeRO-1 over the GPUs that hold the same layers (dp x cp).
+#: Llama-3.1-8B (Llama-3-8B's weights with the 128K context of 3.1) on one server of 8
+#: GPUs, one sequence per step. Llama 3.1 405B as Dubey et al. (2024, "The Llama 3 Herd of
+#: Models", Table 4) trained it on 16,384 H100s: tp 8 and pp 16, with cp 1 and dp 128 for
+#: the 8K stage and cp 16 and dp 8 for the 128K stage; 16 sequences per replica, here 16
+#: micro-batches of one (the paper's own schedule, a tuned interleaving, is not modelled).
+MEMORY_LAYOUTS = {
+    "Llama-3.1-8B, 8 GPUs": {
+        "tp 8": dict(tp=8),
+        "tp 8 + sequence parallel": dict(tp=8, sequence_parallel=True),
+        "cp 8, ring": dict(cp=8),
+        "cp 8, Ulysses": dict(cp=8, cp_method="ulysses"),
+        "cp 8, all-gather (ours keeps a mask)": dict(cp=8, cp_method="all-gather"),
+        "tp 2 x cp 4 ring + sequence parallel": dict(tp=2, cp=4, sequence_parallel=True)},
+    "Llama-3.1-405B, 16,384 GPUs (Llama 3's layouts)": {
+        "tp 8, pp 16 (8K stage)": dict(tp=8, pp=16, dp=128),
+        "tp 8 + sequence parallel, pp 16": dict(tp=8, pp=16, dp=128, sequence_parallel=True),
+        "+ cp 16 ring (128K stage)": dict(tp=8, pp=16, dp=8, cp=16, sequence_parallel=True),
+        "+ cp 16 all-gather (ours)": dict(tp=8, pp=16, dp=8, cp=16, sequence_parallel=True,
+                                          cp_method="all-gather")},
+}
+
+
+def _memory_model(name: str):
+    if name.startswith("Llama-3.1-8B"):
+        return get_config("Llama-3-8B").replace(name="Llama-3.1-8B", context=131072)
+    return get_config("Llama-3.1-405B")
+
+
+def memory_by_sequence(lengths=MEMORY_LENGTHS) -> dict:
+    """``{model: {layout: Breakdown at each of lengths}}`` from :func:`parlab.memory.estimate`
+    (:data:`MEMORY_LAYOUTS`): the busiest GPU of each layout."""
+    out = {}
+    for model, layouts in MEMORY_LAYOUTS.items():
+        config, out[model] = _memory_model(model), {}
+        for label, split in layouts.items():
+            dp = split.get("dp", 1)
+            micro = 16 if split.get("pp", 1) > 1 else 1
+            out[model][label] = [
+                estimate(config, (micro * dp, seq), "adam", "bf16", microbatches=micro, zero=1,
+                         **split) for seq in lengths]
+    return out
+
+
+@figure("fig-08-memory-by-sequence", "Memory per GPU against sequence length for "
+                                     "Llama-3.1-8B and Llama 3's 405B layouts, by method")
+def memory_by_sequence_chart():
+    curves = {model: {label: [b.total / 1e9 for b in values] for label, values in layouts.items()}
+              for model, layouts in memory_by_sequence().items()}
+    return memory_by_sequence_figure(curves, MEMORY_LENGTHS, GPU_MEMORY_GB)

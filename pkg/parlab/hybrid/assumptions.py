@@ -37,6 +37,11 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   includes the attention scores (4 T d FLOPs per token and block), which the 6 x
   parameters x tokens above leaves out, so at long sequences recomputation looks a little
   dearer next to the compute than it is.
+- **Sequence parallelism**: ``sequence_parallel=True`` (Megatron's, chapter 08) splits the
+  norm regions' activations over the tp GPUs (:func:`parlab.memory.estimate`); its
+  all-gathers and reduce-scatters move the bytes of the all-reduces they replace (measured
+  in chapter 08), so the step's time is unchanged. Context parallelism (``cp`` in
+  :func:`parlab.memory.estimate`) is not among the planner's layouts yet.
 - **Degrees**: tp divides the attention heads (and a Llama's key/value heads) and d_ff, and
   the GPUs of a server (tensor-parallel groups stay on NVLink); pp divides the layers; dp x m
   divides the global batch; every micro-batch count m that divides a replica's share of the
@@ -125,6 +130,7 @@ class Assumptions:
     microbatches: tuple | None = None  # None: every count that divides a replica's batch
     zero: int = 0                      # ZeRO stage of the data-parallel replicas
     recompute: str | tuple | None = None  # None, "full", "selective", or a tuple to try each
+    sequence_parallel: bool = False    # Megatron's: norm regions split over the tp GPUs
 
     def __post_init__(self):
         check_count("global_batch", self.global_batch, "sequences per step")
@@ -156,6 +162,9 @@ class Assumptions:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{list(memory.ESTIMATED_SCHEDULES)}")
         _recompute_options(self.recompute)
+        if not isinstance(self.sequence_parallel, bool):
+            raise TypeError(f"sequence_parallel must be True or False, got "
+                            f"{self.sequence_parallel!r}")
 
     @property
     def recompute_options(self) -> tuple:

@@ -276,7 +276,7 @@ def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assu
     shape = (a.global_batch, a.sequence(config))
     breakdown, whole = (memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
                                         microbatches, a.schedule, gpu_memory_gb, zero,
-                                        recompute)
+                                        recompute, sequence_parallel=a.sequence_parallel)
                         for zero in (a.zero, 0))   # the exchange moves the whole gradient
     gpu_of = place(dp, tp, pp, topology.gpus_per_server)
     links = group_links(dp, tp, pp, topology, gpu_of)

@@ -1,8 +1,9 @@
 """What a GPU holds while it trains, and what a run costs: estimate, measure, energy.
 
 ``calculator`` (parameters, gradients, optimizer state, master weights and activations per GPU,
-for any precision, optimizer, data / tensor / pipeline split and ZeRO stage; the smallest GPU
-count that fits), ``breakdown`` (what an estimate or a measurement returns), ``modules`` and
+for any precision, optimizer, data / tensor / pipeline / context split and ZeRO stage),
+``fitting`` (the smallest GPU count that fits), ``breakdown`` (what an estimate or a
+measurement returns), ``modules`` and
 ``tracing`` (the estimate for any ``torch.nn.Module``: one training step traced with fake
 tensors, nothing allocated, so a 7B model built on the meta device takes seconds),
 ``states`` (the one formula for the model states per GPU, sharded by ZeRO stages 0 to 3 over
@@ -24,10 +25,11 @@ from parlab.memory.states import (
 from parlab.memory.breakdown import Breakdown, ESTIMATED_SCHEDULES, Plan
 from parlab.memory.tracing import ModuleTrace, trace_module
 from parlab.memory.modules import stage_ranges
-from parlab.memory.decoders import tensor_split_sizes, tp_problem
+from parlab.memory.decoders import CP_METHODS, tensor_split_sizes, tp_problem
 from parlab.memory.calculator import (
-    activation_bytes, activations_per_layer, block_activations, estimate, min_gpus
+    activation_bytes, activations_per_layer, block_activations, estimate
 )
+from parlab.memory.fitting import min_gpus
 from parlab.memory.measurement import forward_saved_bytes, measure
 from parlab.memory.recompute import (
     layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops, RecomputeFlops,
@@ -49,4 +51,4 @@ __all__ = ["forward_saved_bytes", "check_optimizer", "bytes_per_parameter_table"
            "RecomputeFlops", "Trace", "live_bytes", "measure_recompute", "RecomputeResult",
            "ModuleTrace", "trace_module", "stage_ranges", "block_activations", "korthikanti_terms",
            "compare_block", "tensor_split_sizes", "tp_problem", "Serving", "serving_bytes",
-           "WasteCurve", "waste_curve"]
+           "WasteCurve", "waste_curve", "CP_METHODS"]

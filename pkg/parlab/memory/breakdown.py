@@ -106,6 +106,9 @@ class Setup(NamedTuple):
     loss_fn: Callable | None = None
     split_points: tuple[int, ...] | None = None
     ep: int = 1                  # expert parallelism: each MoE layer's experts over ep GPUs
+    cp: int = 1                  # context parallelism: each sequence's tokens over cp GPUs
+    cp_method: str = "ring"      # how attention sees the other ranks' tokens (CP_METHODS)
+    sequence_parallel: bool = False  # Megatron's: the norm regions' tokens split over tp
 
     @property
     def micro_batch(self) -> int:
@@ -149,6 +152,8 @@ def describe_setup(s: Setup, what: str) -> str:
     """One line naming the model, batch, precision, optimizer and split of ``s``."""
     split = f", dp={s.dp} tp={s.tp} pp={s.pp}" if (s.dp, s.tp, s.pp) != (1, 1, 1) else ""
     split += f" ep={s.ep}" if s.ep > 1 else ""
+    split += f" cp={s.cp} ({s.cp_method})" if s.cp > 1 else ""
+    split += ", sequence parallel" if s.sequence_parallel else ""
     mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
     zero = f", ZeRO-{s.zero}" if s.zero else ""
     zero += f", {s.recompute} recompute" if s.recompute else ""

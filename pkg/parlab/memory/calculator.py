@@ -58,7 +58,6 @@ them as ``other``.
 
 from __future__ import annotations
 
-import math
 import os
 
 from torch import nn
@@ -67,17 +66,18 @@ from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
-from parlab.memory.decoders import block_terms, DECODERS, end_terms, stage_parameters, tp_problem
-from parlab.memory.modules import estimate_module, module_pricer, module_setup
+from parlab.memory.decoders import (
+    block_terms, CP_METHODS, DECODERS, end_terms, stage_parameters, tp_problem
+)
+from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
-from parlab.memory.tracing import module_children
 from parlab.memory.states import (
     check_optimizer, check_precision, check_split, check_zero, model_state_bytes
 )
 from parlab.models import BookMLP, DeepSeekV3Config, get_config
-from parlab.checks import check_count
+from parlab.checks import check_choice, check_count
 
-__all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min_gpus",
+__all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "estimate",
            "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
            "describe_setup"]
 
@@ -85,12 +85,22 @@ __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "estimate", "min
 
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
                   gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
-                  split_points=None, ep=1) -> Setup:
+                  split_points=None, ep=1, cp=1, cp_method="ring",
+                  sequence_parallel=False) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones.
 
-    A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`; the last
-    three keywords are for modules only.
+    A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`;
+    ``example_input``, ``loss_fn``, ``split_points`` and ``ep`` are for modules only, the
+    last three for transformer configs only.
     """
+    check_count("cp", cp, "context-parallel ranks")
+    check_choice("cp_method", cp_method, CP_METHODS)
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if (cp > 1 or sequence_parallel) and not isinstance(model, (str, dict, os.PathLike, *DECODERS)):
+        raise ValueError(f"cp={cp} and sequence_parallel={sequence_parallel} split a transformer "
+                         f"config's sequence (a TransformerConfig or LlamaConfig, or its name); "
+                         f"got {type(model).__name__}")
     if isinstance(model, (str, dict, os.PathLike)):
         model = get_config(model)
     if isinstance(model, DeepSeekV3Config):
@@ -144,11 +154,31 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
         raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
     if decoder and tp_problem(model, tp):
         raise ValueError(tp_problem(model, tp))
+    if decoder:
+        _check_sequence_split(model, seq, tp, cp, cp_method, sequence_parallel, recompute)
     if not decoder and tp != 1:
         raise ValueError(f"tensor parallelism is modelled for transformer configs; "
                          f"use tp=1 for {model!r}")
     return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
-                 capacity, zero, recompute)
+                 capacity, zero, recompute, cp=cp, cp_method=cp_method,
+                 sequence_parallel=sequence_parallel)
+
+
+def _check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recompute) -> None:
+    """The sequence splits that cannot work, each named with its numbers."""
+    if seq % cp:
+        raise ValueError(f"cp={cp} context-parallel ranks must divide the sequence of {seq} "
+                         f"tokens")
+    if sequence_parallel and (seq // cp) % tp:
+        raise ValueError(f"sequence_parallel splits each rank's {seq // cp} tokens over tp={tp} "
+                         f"ranks: use a sequence length that tp x cp = {tp * cp} divides")
+    heads = getattr(m, "n_kv_heads", m.n_heads) // tp
+    if cp > 1 and cp_method == "ulysses" and heads % cp:
+        raise ValueError(f"cp_method='ulysses' gives each of cp={cp} ranks whole key/value heads: "
+                         f"cp must divide the {heads} key/value heads per tensor rank")
+    if recompute and cp > 1:
+        raise ValueError(f"recompute={recompute!r} with cp={cp} is not modelled yet; use "
+                         f"recompute=None")
 
 
 def _split(n: int, parts: int) -> list[int]:
@@ -166,35 +196,44 @@ def _stage_parameters(s: Setup, stage: int) -> int:
     return stage_parameters(m, t, _split(m.n_layers, s.pp)[stage], stage == 0, last, s.pp)
 
 
-def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None) -> Setup:
-    """Validate the arguments of one micro-batch's activation count."""
+def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) -> Setup:
+    """Validate the arguments of one micro-batch's activation count (``split``: ``cp``,
+    ``cp_method``, ``sequence_parallel``)."""
     model = get_config(model) if isinstance(model, (str, dict, os.PathLike)) else model
     check_count("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, DECODERS) else (batch,)
-    return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80, 0, recompute)
+    return resolve_setup(model, shape, "sgd", precision, 1, tp, pp, 1, "1f1b", 80, 0, recompute,
+                         **split)
 
 
 def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", tp: int = 1,
-                     stage: int = 0, pp: int = 1, recompute: str | None = None) -> int:
+                     stage: int = 0, pp: int = 1, recompute: str | None = None, *,
+                     cp: int = 1, cp_method: str = "ring",
+                     sequence_parallel: bool = False) -> int:
     """Bytes autograd saves for one micro-batch of ``batch`` x ``seq`` on one pipeline stage.
 
     The pipeline chapter multiplies this by the micro-batches a stage holds in flight. With
     ``recompute`` (one of :data:`parlab.memory.RECOMPUTE`): the bytes the stage's layers keep
-    plus the one layer rebuilt during the backward pass.
+    plus the one layer rebuilt during the backward pass. ``cp``, ``cp_method`` and
+    ``sequence_parallel``: as in :func:`block_activations`.
     """
-    return sum(_stage_activations(model, batch, seq, precision, tp, stage, pp, recompute))
+    return sum(_stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
+                                  cp=cp, cp_method=cp_method,
+                                  sequence_parallel=sequence_parallel))
 
 
-def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute) -> tuple[int, int]:
+def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
+                       **split) -> tuple[int, int]:
     """(kept, rebuilt): bytes one micro-batch keeps on ``stage`` until its backward pass, and
     the most one of the stage's layers rebuilds at a time (0 without recompute)."""
-    s = _micro(model, batch, seq, precision, tp, pp, recompute)
+    s = _micro(model, batch, seq, precision, tp, pp, recompute, **split)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
-    per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp).values())
+    per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp, **split).values())
     counts = _split(len(per_layer) - 2, pp)  # the first and last entries are the two ends
     start = 1 + sum(counts[:stage])
-    layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute)
+    layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute,
+                                s.sequence_parallel)
               for n in per_layer[start:start + counts[stage]]]
     total = sum(kept for kept, _ in layers)
     if stage == 0:
@@ -207,22 +246,28 @@ def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute) -
 
 
 def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp32",
-                          tp: int = 1) -> dict[str, int]:
-    """Saved bytes of one micro-batch, layer by layer: the input end, each layer, the loss end."""
-    s = _micro(model, batch, seq, precision, tp)
+                          tp: int = 1, *, cp: int = 1, cp_method: str = "ring",
+                          sequence_parallel: bool = False) -> dict[str, int]:
+    """Saved bytes of one micro-batch, layer by layer: the input end, each layer, the loss end.
+    With ``cp`` context-parallel ranks each holds seq / cp tokens of both ends (the
+    embedding and the loss work token by token) and its blocks as :func:`block_activations`
+    counts them."""
+    s = _micro(model, batch, seq, precision, tp, cp=cp, cp_method=cp_method,
+               sequence_parallel=sequence_parallel)
     e, m = s.precision.bytes, s.model
     if isinstance(m, BookMLP):
         out = {"input": batch * m.sizes[0] * e}
         out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
         return out | {"loss": batch * m.sizes[-1] * e}
-    block = sum(block_terms(m, batch, seq, e, tp).values())
-    embedding, head = end_terms(m, batch, seq, e, tp)
+    block = sum(block_terms(m, batch, seq, e, tp, sequence_parallel, cp, cp_method).values())
+    embedding, head = end_terms(m, batch, seq // cp, e, tp)
     return {"embedding": embedding} | {f"block {i}": block for i in range(1, m.n_layers + 1)} \
         | {"head": head}
 
 
 def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
-                      tp: int = 1, sequence_parallel: bool = False) -> dict[str, int]:
+                      tp: int = 1, sequence_parallel: bool = False, *, cp: int = 1,
+                      cp_method: str = "ring") -> dict[str, int]:
     """Saved bytes of one block of :func:`parlab.models.build_model`, tensor by tensor.
 
     :func:`activations_per_layer` adds these up; the formulas live in
@@ -249,25 +294,30 @@ def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
     :class:`~parlab.models.TransformerConfig` or :class:`~parlab.models.LlamaConfig` (or its
     name), with ``tp`` dividing its heads (and key/value heads) and d_ff; the norms' tensors
     are replicated under tensor parallelism, unless ``sequence_parallel`` (GPT blocks, as
-    :class:`parlab.tensor_parallel.TensorParallelBlock` runs them) splits their tokens
-    ``tp`` ways as well.
+    :class:`parlab.tensor_parallel.TensorParallelBlock` runs them; a Llama's by the same
+    rule) splits their tokens ``tp`` ways as well.
+
+    ``cp`` context-parallel ranks (``seq`` is the whole sequence) each count a block of seq
+    / cp tokens whose attention core is the one of ``cp_method`` (one of
+    :data:`parlab.memory.CP_METHODS`, as
+    :func:`parlab.context_parallel.apply_context_parallel` runs them): its keys are listed in
+    :func:`parlab.memory.decoders.context_core_terms`.
     """
-    s = _micro(model, batch, seq, precision, tp)
-    if not isinstance(s.model, DECODERS):
-        raise ValueError(f"block_activations counts a transformer block; got {s.model!r}")
-    if not isinstance(sequence_parallel, bool):
-        raise TypeError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
-    if sequence_parallel and seq % tp:
-        raise ValueError(f"sequence_parallel splits the {seq} tokens over tp={tp} ranks: "
-                         f"use a sequence length that {tp} divides")
-    return block_terms(s.model, batch, seq, s.precision.bytes, tp, sequence_parallel)
+    if not isinstance(get_config(model) if isinstance(model, str) else model, DECODERS):
+        raise ValueError(f"block_activations counts a transformer block; got {model!r}")
+    s = _micro(model, batch, seq, precision, tp, cp=cp, cp_method=cp_method,
+               sequence_parallel=sequence_parallel)
+    return block_terms(s.model, batch, seq, s.precision.bytes, tp, sequence_parallel, cp,
+                       cp_method)
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
     states = model_state_bytes(_stage_parameters(s, stage), s.optimizer, s.precision.name,
-                               s.dp, s.zero)
+                               s.dp * s.cp, s.zero)
     kept, rebuilt = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name, s.tp,
-                                       stage, s.pp, s.recompute)
+                                       stage, s.pp, s.recompute, cp=s.cp,
+                                       cp_method=s.cp_method,
+                                       sequence_parallel=s.sequence_parallel)
     return Breakdown(**states.parts(), activations=s.in_flight(stage) * kept + rebuilt,
                      capacity=s.capacity, label=label)
 
@@ -276,7 +326,8 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
              dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
              schedule: str = "1f1b", gpu_memory_gb: float = GPU_MEMORY_GB, zero: int = 0,
              recompute: str | None = None, *, example_input=None, loss_fn=None,
-             split_points=None, ep: int = 1) -> Breakdown:
+             split_points=None, ep: int = 1, cp: int = 1, cp_method: str = "ring",
+             sequence_parallel: bool = False) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
@@ -296,72 +347,21 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     ``recompute`` (None, "full", "selective"): activation recomputation, module docstring.
     ``ep``: expert parallelism, for a module with :class:`~parlab.models.MoE` layers: each
     layer's experts are divided over ``ep`` of the ``dp`` GPUs, everything else replicated.
+
+    Long sequences (transformer configs; chapter 08): ``cp`` context-parallel GPUs share each
+    sequence, each holding seq / cp of its tokens and attending to the rest by ``cp_method``
+    ("ring", "all-gather" or "ulysses", :func:`block_activations`); they hold the same
+    weights, so the job has dp x tp x pp x cp GPUs and ZeRO shards over the dp x cp of them
+    that hold the same layers, as Megatron-LM's distributed optimizer does.
+    ``sequence_parallel`` (Megatron's) splits the norm regions' tokens over the ``tp`` GPUs.
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
                       schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
-                      loss_fn=loss_fn, split_points=split_points, ep=ep)
+                      loss_fn=loss_fn, split_points=split_points, ep=ep, cp=cp,
+                      cp_method=cp_method, sequence_parallel=sequence_parallel)
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
         return estimate_module(s, label)
     stages = {0, pp - 1}
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
 
-
-def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
-             gpu_memory_gb: float = GPU_MEMORY_GB, microbatches: int = 1, schedule: str = "1f1b",
-             max_tp: int = 8, zero: int = 0, recompute: str | None = None, *,
-             example_input=None, loss_fn=None, ep: int = 1) -> Plan:
-    """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
-
-    Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
-    GPUs), as in practice; pipeline stages may hold unequal numbers of layers.
-    Plain data parallelism (``zero=0``) copies the whole model state, so it only helps by
-    cutting the activations of each replica; with ZeRO (``zero`` 1 to 3) it also shards the
-    model states. ``recompute`` trades activations for compute (:func:`estimate`).
-
-    ``model`` is anything :func:`estimate` takes. A ``torch.nn.Module`` (with
-    ``input_shape`` or ``example_input``, and ``loss_fn``, as for :func:`estimate`) is split
-    by data parallelism and by pipeline stages of contiguous top-level children, balanced
-    by parameter count (tp stays 1); it is traced once per micro-batch size tried. With ``ep``
-    (its MoE layers' experts over ``ep`` GPUs), only data-parallel degrees that ``ep`` divides
-    are tried.
-    """
-    check_count("max_tp", max_tp)
-    s = resolve_setup(model, input_shape, optimizer, precision, ep, 1, 1, microbatches,
-                      schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
-                      loss_fn=loss_fn, ep=ep)
-    if isinstance(s.model, nn.Module):
-        module_price = module_pricer(s, "estimate per GPU")
-        price = lambda dp, tp, pp: module_price(dp, pp)
-        layers, tps = len(module_children(s.model)), [1]
-    else:
-        price = lambda dp, tp, pp: estimate(s.model, input_shape, optimizer, precision, dp, tp,
-                                            pp, microbatches, schedule, gpu_memory_gb, zero,
-                                            recompute)
-        decoder = isinstance(s.model, DECODERS)
-        layers = s.model.n_layers if decoder else len(s.model.layers)
-        tps = [2**i for i in range(max_tp.bit_length()) if decoder and 2**i <= max_tp
-               and not tp_problem(s.model, 2**i)] or [1]
-    ideal = math.ceil(price(1, 1, 1).total / s.capacity)
-    dps = [d for d in range(1, s.batch + 1) if s.batch % (d * microbatches) == 0
-           and d % s.ep == 0]
-    best = None
-    for dp in dps:
-        for tp in tps:
-            for pp in range(1, layers + 1):
-                if best is not None and dp * tp * pp >= best.gpus:
-                    break
-                b = price(dp, tp, pp)
-                if b is None:  # a module whose children do not run in order: no pipeline
-                    break
-                if b.fits:
-                    best = Plan(dp * tp * pp, dp, tp, pp, b, ideal)
-                    break
-    if best is None:
-        split = f"tp={max(tps)}, pp={layers}" if tps != [1] else f"pp={layers}"
-        raise ValueError(f"{describe_setup(s, 'does not fit')} on any split up to {split}: use "
-                         f"more micro-batches, "
-                         + (f"ZeRO (zero={s.zero + 1} to 3), " if s.zero < 3 else "")
-                         + ("recompute='full', " if s.recompute != "full" else "")
-                         + "or a bigger GPU")
-    return best

@@ -28,11 +28,23 @@ import math
 from parlab.checks import check_count
 from parlab.models import forward_flops, LlamaConfig, TransformerConfig
 
-__all__ = ["DECODERS", "tensor_split_sizes", "tp_problem", "block_terms", "end_terms",
+__all__ = ["DECODERS", "CP_METHODS", "tensor_split_sizes", "tp_problem", "block_terms",
+           "context_core_terms", "end_terms",
            "stage_parameters", "full_input", "selective_terms", "block_flops_per_token"]
 
 #: The config classes with a closed form here.
 DECODERS = (TransformerConfig, LlamaConfig)
+
+#: The context-parallel attention methods counted here, by the names
+#: :func:`parlab.context_parallel.apply_context_parallel` takes.
+CP_METHODS = ("ring", "all-gather", "ulysses")
+
+#: The keys of :func:`block_terms` that belong to the attention core, which context
+#: parallelism replaces (:func:`context_core_terms`).
+_CORE_KEYS = {TransformerConfig: ("q heads", "k heads", "v heads", "causal mask",
+                                  "softmax probabilities", "attention output"),
+              LlamaConfig: ("q rotated", "k heads", "v heads", "attention logsumexp",
+                            "attention output")}
 
 
 def tensor_split_sizes(m) -> dict[str, int]:
@@ -58,20 +70,28 @@ def tp_problem(m, tp: int) -> str:
     return f"{text}; valid tp for {m.name}: {valid}"
 
 
-def block_terms(m, batch: int, seq: int, e: int, tp: int,
-                sequence_parallel: bool = False) -> dict[str, int]:
+def block_terms(m, batch: int, seq: int, e: int, tp: int, sequence_parallel: bool = False,
+                cp: int = 1, cp_method: str = "ring") -> dict[str, int]:
     """Bytes one block saves for b = ``batch`` sequences of T = ``seq`` tokens, tensor by
     tensor, on one of ``tp`` ranks (``e`` bytes per element of the compute dtype).
     :func:`parlab.memory.block_activations` documents the keys. ``sequence_parallel``
-    (Megatron's, GPT blocks): the LayerNorm regions hold T/tp tokens on each rank, so their
-    tensors (both LayerNorms' inputs, outputs and statistics) are divided by ``tp`` too; the
-    column-parallel layers keep their own tokens only and gather them again for backward."""
+    (Megatron's): the norm regions hold T/tp tokens on each rank, so their tensors (both
+    norms' inputs, outputs and statistics) are divided by ``tp`` too; the column-parallel
+    layers keep their own tokens only and gather them again for backward. ``cp``: each of
+    ``cp`` context-parallel ranks holds T/cp tokens, and its attention core is
+    :func:`context_core_terms` for ``cp_method``."""
+    if cp > 1:
+        terms = block_terms(m, batch, seq // cp, e, tp, sequence_parallel)
+        core = context_core_terms(m, batch, seq, e, tp, cp, cp_method)
+        keys = _CORE_KEYS[type(m)]
+        first = next(k for k in terms if k in keys)
+        out = {}
+        for k, v in terms.items():
+            out |= core if k == first else {} if k in keys else {k: v}
+        return out
     if isinstance(m, LlamaConfig):
         m.check_modelled("the activation memory of a block")
-        if sequence_parallel:
-            raise ValueError("sequence_parallel is modelled for GPT blocks "
-                             "(parlab.tensor_parallel.TensorParallelBlock), not Llama's")
-        return _llama_block(m, batch, seq, e, tp)
+        return _llama_block(m, batch, seq, e, tp, sequence_parallel)
     bt, d = batch * seq, m.d_model
     x, heads, ff = e * bt * d, e * bt * d // tp, e * bt * m.d_ff // tp
     if sequence_parallel:
@@ -85,7 +105,47 @@ def block_terms(m, batch: int, seq: int, e: int, tp: int,
             "gelu output": ff}
 
 
-def _llama_block(m: LlamaConfig, batch: int, seq: int, e: int, tp: int) -> dict[str, int]:
+def context_core_terms(m, batch: int, seq: int, e: int, tp: int, cp: int,
+                       method: str) -> dict[str, int]:
+    """What one of ``cp`` context-parallel ranks keeps for a block's attention core, for b =
+    ``batch`` sequences of T = ``seq`` tokens (the whole sequence), as
+    :func:`parlab.context_parallel.apply_context_parallel` runs it (measured in the tests).
+    With T' = T / cp tokens per rank, h = n_heads / tp heads, q = e b T' d / tp and kv = e b
+    T' d_kv / tp (d_kv = d for a GPT):
+
+    - ``ring``: our own autograd Function keeps this rank's q, k and v (k and v with their
+      H_kv heads only: the copies for grouped-query attention are made per block and
+      dropped), its output and one log-sum-exp per row (e b h T', in the compute dtype); the
+      output projection keeps its own contiguous copy of the output (q). No T x T tensor;
+    - ``all-gather``: scaled_dot_product_attention keeps the gathered keys and values of the
+      whole sequence (2 cp kv), this rank's q, the mask of which keys each query sees (T' x
+      T, in the compute dtype: the boolean mask becomes an additive one), a log-sum-exp in
+      fp32 (4 b h T'), and its output, which is also the output projection's input;
+    - ``ulysses``: after the all-to-all each rank holds the whole sequence for h / cp heads:
+      q, k and v (q + 2 kv bytes; one buffer, or the copies put into sequence order for a
+      zigzag or striped layout), a log-sum-exp (4 b h T' bytes again), the output by heads
+      (q) and, after the all-to-all back, the output projection's input (q); attention runs
+      with its causal flag, so no mask is kept (a zigzag or striped layout's reordering also
+      keeps its two index vectors, 16 T bytes per layer, not counted here).
+    """
+    local = seq // cp
+    bt, kv_width = batch * local, (m.d_kv if isinstance(m, LlamaConfig) else m.d_model)
+    q, kv, h = e * bt * m.d_model // tp, e * bt * kv_width // tp, m.n_heads // tp
+    if method == "ring":
+        return {"q shard": q, "k shard": kv, "v shard": kv, "ring output": q,
+                "ring logsumexp": e * bt * h, "attention output": q}
+    if method == "all-gather":
+        return {"visibility mask": e * local * seq, "gathered k, v": 2 * cp * kv, "q shard": q,
+                "attention logsumexp": 4 * bt * h, "attention output": q}
+    if method == "ulysses":
+        return {"q, k, v by heads": q + 2 * kv,
+                "attention logsumexp": 4 * bt * h, "attention output by heads": q,
+                "attention output": q}
+    raise ValueError(f"unknown cp_method {method!r}; choose one of {list(CP_METHODS)}")
+
+
+def _llama_block(m: LlamaConfig, batch: int, seq: int, e: int, tp: int,
+                 sequence_parallel: bool = False) -> dict[str, int]:
     """A :class:`~parlab.models.Llama` block (the keys, in the order the forward pass saves):
 
     - each RMSNorm computes in fp32: it keeps its input as fp32 (the block's input itself in
@@ -101,10 +161,16 @@ def _llama_block(m: LlamaConfig, batch: int, seq: int, e: int, tp: int) -> dict[
       4 b h T / tp; no T x T tensor;
     - SwiGLU: the gate's output (SiLU's input), SiLU's output and the up projection's output
       (kept by their product) and the product (down's input), e b T d_ff / tp each.
+
+    ``sequence_parallel`` divides the norms' tensors by ``tp``, by the rule measured on the
+    GPT block (parlab has no tensor-parallel Llama block to measure it on).
     """
     bt, d = batch * seq, m.d_model
     fp32, x, heads, ff = 4 * bt * d, e * bt * d, e * bt * d // tp, e * bt * m.d_ff // tp
-    return {"attn_norm input (fp32)": fp32, "norm 1/rms": 2 * 4 * bt, "attn_norm normed": x,
+    norms = 4 * bt
+    if sequence_parallel:
+        fp32, x, norms = fp32 // tp, x // tp, norms // tp
+    return {"attn_norm input (fp32)": fp32, "norm 1/rms": 2 * norms, "attn_norm normed": x,
             "attn_norm output": x, "rotary cos/sin": 2 * e * seq * m.d_head, "q rotated": heads,
             "k heads": heads, "v heads": heads, "attention logsumexp": 4 * bt * m.n_heads // tp,
             "attention output": heads, "mlp_norm input (fp32)": fp32, "mlp_norm normed": x,

@@ -17,9 +17,8 @@ This module is the one home of the recompute formulas (:func:`layer_activations`
 ``saved_tensors_hooks`` see nothing (the checkpoint packs the saved tensors with its own hooks
 and drops them), yet the layers' inputs stay alive, so only the storages themselves tell.
 
-Selective recompute checkpoints only the attention core, softmax(QK^T / sqrt(d)) V of every
-head: ``Attention.core(q, k, v)`` of :class:`parlab.models.GPT`, ``LlamaAttention.core`` of a
-:class:`parlab.models.Llama` (the key/value copies and scaled_dot_product_attention).
+Selective recompute checkpoints only the attention core: ``Attention.core(q, k, v)`` of a GPT,
+``LlamaAttention.core`` of a Llama (the key/value copies and scaled_dot_product_attention).
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ def check_recompute(recompute):
 # --- the formulas ----------------------------------------------------------------------------
 
 def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_bytes: int,
-                      tp: int = 1, recompute=None) -> tuple[int, int]:
+                      tp: int = 1, recompute=None, sequence_parallel=False) -> tuple[int, int]:
     """(kept, working): bytes one layer keeps from its forward to its backward, and the bytes
     its recomputation creates again while its backward runs (one layer at a time).
 
@@ -79,7 +78,7 @@ def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_byt
       at a time (:func:`parlab.memory.decoders.selective_terms`: a GPT drops its s b h T^2 / tp
       probabilities and T^2-byte mask and rebuilds them with the Q, K, V head copies; a Llama,
       whose fused attention keeps no T x T tensor, drops little). An MLP has no attention: as
-      ``None``.
+      ``None``. ``sequence_parallel``: full recompute keeps 1/tp of the (split) input.
     """
     check_recompute(recompute)
     if recompute is None or (recompute == "selective" and isinstance(model, BookMLP)):
@@ -87,7 +86,8 @@ def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_byt
     if isinstance(model, BookMLP):
         return layer_bytes, layer_bytes
     if recompute == "full":
-        return full_recompute(layer_bytes, *full_input(model, batch, seq, element_bytes))
+        kept = full_input(model, batch, seq, element_bytes)
+        return full_recompute(layer_bytes, *(x // (tp if sequence_parallel else 1) for x in kept))
     dropped, rebuilt = selective_terms(model, batch, seq, element_bytes, tp)
     return layer_bytes - dropped, rebuilt
 

@@ -17,10 +17,12 @@ of parlab (``checks``, ``hardware``).
 """
 
 from parlab.models.transformer import (
-    CONFIGS, GPT, GPT2_SMALL, GPT3_175B, GPT3_6_7B, MLP, TINY, TransformerConfig
+    Attention, Block, CONFIGS, GPT, GPT2_SMALL, GPT3_175B, GPT3_6_7B, MLP, TINY, TransformerConfig
 )
 from parlab.models.ffn import SwiGLU
-from parlab.models.llama import Llama, LlamaConfig, RMSNorm
+from parlab.models.llama import (
+    Llama, LlamaAttention, LlamaBlock, LlamaConfig, RMSNorm, rotary_cos_sin
+)
 from parlab.models.hf import (
     build_model, count_parameters, DENSE_HF_CONFIGS, from_hf_config, get_config, HF_CONFIGS,
     HF_PRESETS,
@@ -48,7 +50,8 @@ from parlab.models.compute import (
     matmul_rates, MFU, compute_seconds, flops_seconds, training_flops
 )
 
-__all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "CONFIGS",
+__all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP", "Attention",
+           "Block", "LlamaAttention", "LlamaBlock", "rotary_cos_sin", "CONFIGS",
            "get_config", "GPT2_SMALL", "GPT3_6_7B", "GPT3_175B", "TINY", "LlamaConfig", "Llama",
            "RMSNorm", "from_hf_config", "HF_PRESETS", "HF_CONFIGS", "DENSE_HF_CONFIGS", "SUPPORTED_MODEL_TYPES",
            "BookMLP", "ACTIVATIONS", "BOOK_NAMES", "book_table", "bytes_by_scaling", "held_bytes",

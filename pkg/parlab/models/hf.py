@@ -74,6 +74,15 @@ HF_PRESETS: dict[str, dict] = {
                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
         "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
         "vocab_size": 128256},
+    "Llama-3.1-405B": {  # meta-llama/Llama-3.1-405B
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+        "hidden_size": 16384, "intermediate_size": 53248, "max_position_embeddings": 131072,
+        "mlp_bias": False, "model_type": "llama", "num_attention_heads": 128,
+        "num_hidden_layers": 126, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "vocab_size": 128256},
     "Mistral-7B": {  # mistralai/Mistral-7B-v0.1
         "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
         "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",

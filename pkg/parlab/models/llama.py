@@ -40,7 +40,7 @@ from parlab.checks import check_count, check_positive_number
 from parlab.models.ffn import SwiGLU
 from parlab.models.moe import MoE, MoEConfig
 
-__all__ = ["LlamaConfig", "Llama", "RMSNorm", "count_llama_parameters", "build_llama",
+__all__ = ["LlamaConfig", "Llama", "LlamaAttention", "LlamaBlock", "RMSNorm", "count_llama_parameters", "build_llama",
            "rotary_cos_sin", "apply_rotary"]
 
 _SIZES = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "context")
@@ -190,11 +190,15 @@ def count_llama_parameters(config: LlamaConfig) -> dict[str, int]:
 
 
 def rotary_cos_sin(seq: int, d_head: int, theta: float, device=None,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+                   dtype: torch.dtype = torch.float32,
+                   positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, each (seq, d_head): position p, pair i turns by
-    ``p * theta ** (-2 i / d_head)``; pair i is dimensions ``i`` and ``i + d_head / 2``."""
+    ``p * theta ** (-2 i / d_head)``; pair i is dimensions ``i`` and ``i + d_head / 2``.
+    ``positions``: the ``seq`` tokens' positions (default 0 .. seq - 1; a context-parallel
+    shard passes its own, :func:`parlab.context_parallel.positions`)."""
     inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
-    angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv_freq)
+    at = torch.arange(seq, device=device) if positions is None else positions.to(device)
+    angles = torch.outer(at.to(torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -246,9 +250,14 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rotary_cos_sin(t, hd, self.rope_theta, x.device, q.dtype)
+        cos, sin = self.rotary(t, x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return self.o_proj(self.core(q, k, v).transpose(1, 2).reshape(b, t, h * hd))
+
+    def rotary(self, t: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables for the ``t`` tokens this module is given, at positions 0 .. t - 1
+        (context parallelism replaces this with its shard's positions)."""
+        return rotary_cos_sin(t, self.d_head, self.rope_theta, device, dtype)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal softmax(Q K^T / sqrt(d_head)) V per head, each key/value head serving

@@ -34,7 +34,8 @@ from torch import nn
 
 from parlab.checks import check_count
 
-__all__ = ["TransformerConfig", "count_gpt_parameters", "build_gpt", "GPT", "MLP", "CONFIGS",
+__all__ = ["TransformerConfig", "count_gpt_parameters", "build_gpt", "GPT", "MLP", "Attention",
+           "Block", "CONFIGS",
            "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_SMALL", "GPT3_MEDIUM",
            "GPT3_LARGE", "GPT3_XL", "GPT3_2_7B", "GPT3_6_7B", "GPT3_13B", "GPT3_175B", "TINY"]
 
@@ -217,10 +218,15 @@ class GPT(nn.Module):
         t = idx.shape[1]
         if t > self.config.context:
             raise ValueError(f"sequence length {t} exceeds the context of {self.config.context}")
-        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        x = self.wte(idx) + self.wpe(self.positions(t, idx.device))
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+    def positions(self, t: int, device) -> torch.Tensor:
+        """The positions of the ``t`` tokens this model is given, 0 .. t - 1 (context
+        parallelism replaces this with its shard's positions)."""
+        return torch.arange(t, device=device)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy."""

@@ -23,12 +23,14 @@ from parlab.viz.plots.tensor_parallel import (
 from parlab.viz.plots.planner import cnn_figure, layouts_figure, placement_figure, traffic_3d_figure
 from parlab.viz.plots.traffic import bytes_per_rank_figure, steps_figure
 from parlab.viz.plots.experts import balance_figure, capacity_figure, dispatch_matrix_figure
-from parlab.viz.plots.context import causal_work_figure, ring_steps_figure
+from parlab.viz.plots.context import (
+    causal_work_figure, memory_by_sequence_figure, ring_steps_figure
+)
 from parlab.viz.plots.sharded import (
     zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
 )
 
-__all__ = ["ring_steps_figure", "causal_work_figure", "show_collective", "before_after", "figure_8_1", "memory_bars",
+__all__ = ["ring_steps_figure", "causal_work_figure", "memory_by_sequence_figure", "show_collective", "before_after", "figure_8_1", "memory_bars",
            "memory_split", "checkpoint_curve", "figure_8_2", "loss_curves", "traffic_figure",
            "scaling_figure", "step_figure", "gantt_figure", "comparison_figure", "sync_figure",
            "step_caption", "transformer_figure", "local_qkv_figure", "qkv_sharding_figure",

@@ -1,13 +1,14 @@
-"""Chapter 08 pictures: the ring of key/value blocks step by step, and the causal work each
-rank gets under each way of cutting the sequence. They draw chapter 08's results (positions
+"""Chapter 08 pictures: the ring of key/value blocks step by step, the causal work each
+rank gets under each way of cutting the sequence, and memory per GPU against its length. They draw chapter 08's results (positions
 and counts computed by :mod:`parlab.context_parallel` and :mod:`parlab.experiments`); they
 compute nothing else."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
-__all__ = ["ring_steps_figure", "causal_work_figure"]
+__all__ = ["ring_steps_figure", "causal_work_figure", "memory_by_sequence_figure"]
 
 _COLORS = plt.get_cmap("tab10").colors
 
@@ -62,4 +63,28 @@ def causal_work_figure(work: dict, unit_pairs: float, unit_flops: float):
     axes[0].set_ylabel("in S/p x S/p blocks")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Causal attention's work per rank on {world} ranks, by layout", fontsize=10)
+    return fig
+
+
+def memory_by_sequence_figure(curves: dict, lengths, capacity_gb: float):
+    """One panel per model: memory per GPU (GB) against sequence length, one line per layout
+    (``curves[model][layout]``: GB at each of ``lengths``), and a GPU's capacity as a line."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(10, 3.8), layout="constrained")
+    for ax, (model, layouts) in zip(axes, curves.items()):
+        for i, (label, values) in enumerate(layouts.items()):
+            ax.plot(lengths, values, marker="o", ms=3, color=_COLORS[i % len(_COLORS)],
+                    label=label)
+        ax.axhline(capacity_gb, color="0.3", ls="--", lw=1)
+        ax.text(lengths[0], capacity_gb * 1.08, f"{capacity_gb:.0f} GB GPU", fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "1235" else ""))
+        ax.set_xticks(lengths, [f"{n // 1024}K" for n in lengths])
+        ax.set_xlabel("tokens per sequence")
+        ax.set_title(model, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("memory per GPU (GB, log scale)")
+    fig.suptitle("Memory on the busiest GPU as the sequence grows, by layout", fontsize=10)
     return fig
