@@ -204,6 +204,11 @@ def _check(sched: Schedule) -> None:
         for rank in range(p):
             for position, action in enumerate(sched.actions(rank, step)):
                 where = f"time step {step + 1}, rank {rank}: {action}"
+                if action.kind not in "FB":
+                    raise ValueError(f"{where} splits the backward (I input gradient, W weight "
+                                     f"gradient); simulate counts time steps of F and the full "
+                                     f"backward B only: run a split backward through "
+                                     f"parlab.pipeline.timeline")
                 if not (0 <= action.stage < K and 0 <= action.microbatch < m):
                     raise ValueError(f"{where} is outside the pipeline ({K} stages, "
                                      f"{m} micro-batches)")
