@@ -210,7 +210,7 @@ def test_dualpipe_v_runs_on_an_odd_number_of_ranks_as_pytorch_does():
     (lambda: timeline(program_from_order({0: ["0F0", "0B0", "0I0", "0W0"]})), "one or the other"),
     (lambda: timeline(program_from_order({0: ["1F0"], 1: ["0F0"]})), "lives on rank 1"),
     (lambda: timeline(program_from_order({0: ["0F0", "2F0"], 1: ["1F0", "3F0"]}, "v", 2)),
-     "stage 2 lives on rank 1 \\(v placement\\)"),
+     "2F0 \\(v placement\\): stage 2 lives on rank 1"),
     (lambda: timeline(program_from_order({0: ["0F0", "0B0"], 1: ["1B0", "1F0"]})),
      "waits forever"),
     (lambda: timeline(program("zb-h1", 2, 2)).to_schedule(), "needs F and full backward B"),

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from parlab.pipeline.programs import Program, actions_of, pair_parts
-from parlab.pipeline.schedules import Action, Schedule
+from parlab.pipeline.schedules import Action, check_placed, Schedule
 
 __all__ = ["Durations", "Timed", "Timeline", "timeline"]
 
@@ -284,12 +284,8 @@ def _check(prog: Program) -> set:
     seen: dict[tuple[int, str, int], tuple[int, int, int]] = {}
     for rank, lane_index, position, a in actions_of(prog):
         where = f"rank {rank}: {a}"
-        if not (0 <= a.stage < K and 0 <= a.microbatch < m):
-            raise ValueError(f"{where} is outside the pipeline ({K} stages 0..{K - 1}, "
-                             f"{m} micro-batches 0..{m - 1})")
-        if prog.rank_of(a.stage) != rank:
-            raise ValueError(f"{where}: stage {a.stage} lives on rank {prog.rank_of(a.stage)} "
-                             f"({prog.placement} placement), not on rank {rank}")
+        check_placed(f"{where} ({prog.placement} placement)", a, rank, K, m,
+                     prog.rank_of(a.stage) if 0 <= a.stage < K else rank)
         key = (a.stage, a.kind, a.microbatch)
         if key in seen:
             raise ValueError(f"{where} appears twice")

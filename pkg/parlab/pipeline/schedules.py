@@ -31,7 +31,7 @@ from typing import NamedTuple, Union
 from parlab.checks import check_count
 
 __all__ = ["Action", "Entry", "Schedule", "schedule", "from_order", "SCHEDULES",
-           "entry_actions", "schedule_lanes"]
+           "entry_actions", "schedule_lanes", "check_placed"]
 
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
@@ -64,6 +64,19 @@ class Action(NamedTuple):
                              f"micro-batch, as in '2F0' (stage 2 forward micro-batch 0), '0B3' "
                              f"(full backward), '1I2' (input gradient) or '1W2' (weight gradient)")
         return cls(int(match[1]), match[2], int(match[3]))
+
+
+def check_placed(where: str, action: Action, rank: int, virtual_stages: int, microbatches: int,
+                 holder: int) -> None:
+    """A ValueError unless ``action`` is inside the pipeline and ``rank`` is ``holder``, the
+    rank that holds its stage; ``where`` starts the message."""
+    K, m = virtual_stages, microbatches
+    if not (0 <= action.stage < K and 0 <= action.microbatch < m):
+        raise ValueError(f"{where} is outside the pipeline ({K} stages 0..{K - 1}, "
+                         f"{m} micro-batches 0..{m - 1})")
+    if holder != rank:
+        raise ValueError(f"{where}: stage {action.stage} lives on rank {holder}, not on "
+                         f"rank {rank}")
 
 
 #: What a rank does in one time step: an action, several, or nothing.
