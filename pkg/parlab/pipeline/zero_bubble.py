@@ -16,8 +16,10 @@ bubbles are derived, never typed in. With p ranks and m micro-batches:
 * **ZB-H1** (Qi et al. §2.1, Figure 3 top): 1F1B's order, with W after B, except that rank
   s holds back its first s weight gradients and runs them last. Every rank then has p
   micro-batches started whose W has not run (1F1B: p - s), so rank 0, which holds the most,
-  keeps 1F1B's peak. With Qi et al.'s times the bubble shrinks from 1F1B's
-  (p - 1)(F + B + W) to (p - 1)(F + B - W).
+  keeps 1F1B's peak (a later rank s holds s W's more than 1F1B's rank s). The idle time
+  per rank shrinks from 1F1B's (p - 1)(F + B + W) to (p - 1)(F + B - W) while W is no
+  longer than F and B; a longer W overfills the gap it was meant for, and the idle time
+  becomes (p - 1)(F + B - min(F, B, W)).
 * **ZBV** (Qi et al. §6, the V schedule; PyTorch's ``ScheduleZBVZeroBubble``): 2p stages,
   rank r holding stages r and 2p - 1 - r (the "V": the data go down the ranks and back up,
   so the first and the last stage are both on rank 0). Warm-up forwards of both chunks,
