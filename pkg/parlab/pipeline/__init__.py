@@ -7,7 +7,10 @@
 (chapter 03's network run that way, logged step by step and checked), ``torch_pipelining``
 (``torch.distributed.pipelining`` beside ours), ``tradeoffs`` (the schedules' trade-offs as
 numbers), ``slots`` (actions against busy slots: the book's doubled steps, and the same
-schedule with one action per slot). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
+schedule with one action per slot), ``zero_bubble`` (schedules that split the backward into B and
+W: ZB-H1, ZBV, DualPipeV), ``programs`` (every schedule as each rank's order of actions, with
+its placement: loop or V), ``events`` (the event-driven simulator: durations for F, B, W and
+transfers; idle time, activations and parameters per rank). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
 :mod:`parlab.memory`.
 """
 
@@ -18,10 +21,15 @@ from parlab.pipeline.notation import action_code, describe_step, transfer_label
 from parlab.pipeline.executor import (
     execute, Execution, Network, reference, reference_step, run_network, stage_layers
 )
-from parlab.pipeline.torch_pipelining import our_action_order, torch_pipelining, TorchRun
+from parlab.pipeline.torch_pipelining import (
+    our_action_order, torch_action_order, torch_pipelining, TorchRun, TORCH_SCHEDULES
+)
 from parlab.pipeline.slots import (
     doubled_steps, one_action_per_slot, slot_count, SlotCount, work_percent
 )
+from parlab.pipeline.zero_bubble import dualpipe_v, v_stages, zb_h1, zbv, ZERO_BUBBLE
+from parlab.pipeline.programs import PROGRAMS, program, program_from_order, Program
+from parlab.pipeline.events import Durations, Timed, Timeline, timeline
 from parlab.pipeline.tradeoffs import (
     COMPARED, compare, comparison_table, ScheduleCost, Tradeoffs, tradeoffs
 )
@@ -30,7 +38,9 @@ __all__ = ["Action", "Schedule", "schedule", "from_order", "StageTransfer", "Eve
            "simulate", "stage_gpu_name", "run_schedule", "split_layers", "StageRun", "run_network",
            "stage_layers", "action_code", "describe_step", "transfer_label",
            "Network", "Execution", "execute", "reference", "reference_step", "TorchRun",
-           "torch_pipelining", "our_action_order", "compare", "comparison_table", "ScheduleCost",
+           "torch_pipelining", "our_action_order", "torch_action_order", "TORCH_SCHEDULES", "compare", "comparison_table", "ScheduleCost",
            "COMPARED",
            "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps",
-           "Tradeoffs", "tradeoffs"]
+           "Tradeoffs", "tradeoffs", "zb_h1", "zbv", "dualpipe_v", "v_stages", "ZERO_BUBBLE",
+           "Program", "program", "program_from_order", "PROGRAMS", "Durations", "Timed",
+           "Timeline", "timeline"]

@@ -7,6 +7,8 @@ PyTorch's vocabulary (``torch.distributed.pipelining``), so a reader can move fr
 tables to the production API directly:
 
 * an action is a string ``"2F0"`` (stage 2, forward, micro-batch 0) or ``"2B0"`` (backward);
+  a schedule that splits the backward (:mod:`parlab.pipeline.zero_bubble`) also writes
+  ``"2I0"`` (the input gradient) and ``"2W0"`` (the weight gradient), PyTorch's codes;
 * ``pipeline_order[rank]`` has one entry per time step: an action, a tuple of actions
   (a rank that does two in one step, as the book's last stages do), or ``None`` (idle).
 
@@ -29,13 +31,20 @@ from typing import NamedTuple, Union
 from parlab.checks import check_count
 
 __all__ = ["Action", "Entry", "Schedule", "schedule", "from_order", "SCHEDULES",
-           "entry_actions"]
+           "entry_actions", "schedule_lanes", "check_placed"]
 
-_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 class Action(NamedTuple):
-    """One unit of work: ``kind`` "F" (forward) or "B" (backward) of ``microbatch`` on ``stage``."""
+    """One unit of work: ``kind`` of ``microbatch`` on ``stage``.
+
+    The kinds are PyTorch's codes (``torch.distributed.pipelining``): "F" forward, "B" full
+    backward, "I" input gradient, "W" weight gradient. In the text and in every duration the
+    notation is Qi et al.'s (2024): F, B = input gradient, W = weight gradient, so the code
+    "I" is the pass called B there, and the code "B" is the full backward, B + W in one pass
+    (chapter 03's backward).
+    """
 
     stage: int
     kind: str
@@ -51,9 +60,23 @@ class Action(NamedTuple):
             return text
         match = _ACTION.match(str(text).strip()) if isinstance(text, str) else None
         if not match:
-            raise ValueError(f"{text!r} is not an action: write stage, F or B, micro-batch, "
-                             f"as in '2F0' (stage 2 forward micro-batch 0) or '0B3'")
+            raise ValueError(f"{text!r} is not an action: write stage, F, B, I or W, "
+                             f"micro-batch, as in '2F0' (stage 2 forward micro-batch 0), '0B3' "
+                             f"(full backward), '1I2' (input gradient) or '1W2' (weight gradient)")
         return cls(int(match[1]), match[2], int(match[3]))
+
+
+def check_placed(where: str, action: Action, rank: int, virtual_stages: int, microbatches: int,
+                 holder: int) -> None:
+    """A ValueError unless ``action`` is inside the pipeline and ``rank`` is ``holder``, the
+    rank that holds its stage; ``where`` starts the message."""
+    K, m = virtual_stages, microbatches
+    if not (0 <= action.stage < K and 0 <= action.microbatch < m):
+        raise ValueError(f"{where} is outside the pipeline ({K} stages 0..{K - 1}, "
+                         f"{m} micro-batches 0..{m - 1})")
+    if holder != rank:
+        raise ValueError(f"{where}: stage {action.stage} lives on rank {holder}, not on "
+                         f"rank {rank}")
 
 
 #: What a rank does in one time step: an action, several, or nothing.
@@ -256,9 +279,6 @@ SCHEDULES = {
 }
 
 
-
-
-
 def _check_layers(layers, stages, chunks):
     if layers is None:
         return
@@ -273,14 +293,13 @@ def _check_layers(layers, stages, chunks):
                          f"divides {layers}")
 
 
-def schedule(name: str, stages: int = 4, microbatches: int = 4, chunks: int = 1,
-             layers: int | None = None) -> Schedule:
-    """The schedule ``name`` for ``stages`` ranks and a batch of ``microbatches`` micro-batches.
+def schedule_lanes(name: str, stages: int = 4, microbatches: int = 4, chunks: int = 1,
+                   layers: int | None = None) -> dict[int, list[list[Action]]]:
+    """Each rank's program for the schedule ``name``, before it is put into time steps.
 
-    ``name`` is one of ``"book"``, ``"naive"``, ``"gpipe"``, ``"1f1b"``, ``"interleaved"``;
-    ``chunks`` (v) is the number of model chunks per rank and only applies to
-    ``"interleaved"``. With ``layers`` the model is checked too: at least one layer per
-    stage, and whole layers per chunk.
+    ``{rank: [lane, ...]}``, each lane an ordered list of actions that runs one at a time
+    (one lane per rank, two for the book's schedule). The arguments are checked as
+    :func:`schedule` checks them; the naive schedule runs one micro-batch (the whole batch).
     """
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; known: {sorted(SCHEDULES)}")
@@ -300,11 +319,22 @@ def schedule(name: str, stages: int = 4, microbatches: int = 4, chunks: int = 1,
                 f"{microbatches} is not a multiple of {rounds}; use a multiple of "
                 f"stages={stages}, or at most {stages} micro-batches")
     generate = SCHEDULES[name][0]
-    run_microbatches = 1 if name == "naive" else microbatches
-    programs = generate(stages, run_microbatches, chunks)
+    return generate(stages, 1 if name == "naive" else microbatches, chunks)
+
+
+def schedule(name: str, stages: int = 4, microbatches: int = 4, chunks: int = 1,
+             layers: int | None = None) -> Schedule:
+    """The schedule ``name`` for ``stages`` ranks and a batch of ``microbatches`` micro-batches.
+
+    ``name`` is one of ``"book"``, ``"naive"``, ``"gpipe"``, ``"1f1b"``, ``"interleaved"``;
+    ``chunks`` (v) is the number of model chunks per rank and only applies to
+    ``"interleaved"``. With ``layers`` the model is checked too: at least one layer per
+    stage, and whole layers per chunk.
+    """
+    programs = schedule_lanes(name, stages, microbatches, chunks, layers)
     order = _place_in_steps(programs, stages, stages * chunks)
     slot = float(microbatches) if name == "naive" else 1.0 / chunks
-    return Schedule(name, stages, run_microbatches, chunks, order, slot)
+    return Schedule(name, stages, 1 if name == "naive" else microbatches, chunks, order, slot)
 
 
 def from_order(pipeline_order: dict, chunks: int = 1, name: str = "custom") -> Schedule:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from parlab.checks import check_index
-from parlab.pipeline.schedules import Action, Schedule
+from parlab.pipeline.schedules import Action, check_placed, Schedule
 
 __all__ = ["StageTransfer", "Event", "StepRecord", "Simulation", "simulate", "stage_gpu_name",
            "stage_gpu_names"]
@@ -204,12 +204,13 @@ def _check(sched: Schedule) -> None:
         for rank in range(p):
             for position, action in enumerate(sched.actions(rank, step)):
                 where = f"time step {step + 1}, rank {rank}: {action}"
-                if not (0 <= action.stage < K and 0 <= action.microbatch < m):
-                    raise ValueError(f"{where} is outside the pipeline ({K} stages, "
-                                     f"{m} micro-batches)")
-                if sched.rank_of(action.stage) != rank:
-                    raise ValueError(f"{where}: stage {action.stage} lives on rank "
-                                     f"{sched.rank_of(action.stage)}, not on rank {rank}")
+                if action.kind not in "FB":
+                    raise ValueError(f"{where} splits the backward (I input gradient, W weight "
+                                     f"gradient); simulate counts time steps of F and the full "
+                                     f"backward B only: run a split backward through "
+                                     f"parlab.pipeline.timeline")
+                check_placed(where, action, rank, K, m, sched.rank_of(action.stage) if
+                             0 <= action.stage < K else rank)
                 key = (action.stage, action.kind, action.microbatch)
                 if key in done:
                     raise ValueError(f"{where} was already run in time step {done[key][0] + 1}")

@@ -18,7 +18,11 @@ from parlab.checks import check_count
 from parlab.models import max_difference
 from parlab.pipeline.schedules import Schedule, entry_actions
 
-__all__ = ["TorchRun", "torch_pipelining", "our_action_order"]
+__all__ = ["TorchRun", "torch_pipelining", "our_action_order", "torch_action_order",
+           "TORCH_SCHEDULES"]
+
+#: Our schedule names -> the name ``torch.distributed.pipelining`` gives the same schedule.
+TORCH_SCHEDULES = {"gpipe": "GPipe", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 
 _COMPUTE = re.compile(r"^\d+[FB]\d+$")
 
@@ -113,3 +117,27 @@ def our_action_order(sched: Schedule) -> dict:
     """Each rank's actions in the order it runs them (idle steps dropped), as strings."""
     return {rank: [str(a) for e in row for a in entry_actions(e)]
             for rank, row in sched.pipeline_order.items()}
+
+
+def torch_action_order(name: str, stages: int, microbatches: int) -> dict:
+    """PyTorch's per-rank compute order for our schedule ``name``, built without ranks.
+
+    PyTorch's own ``_schedule_visualizer.get_schedule_ops`` builds the schedule class on
+    stand-in stages, so its ``pipeline_order`` comes out in one process. Idle slots are
+    dropped; an overlapped pair (``OVERLAP_F_B``) becomes a tuple (forward, backward), as
+    :func:`parlab.pipeline.zero_bubble.dualpipe_v` writes it.
+    """
+    if name not in TORCH_SCHEDULES:
+        raise ValueError(f"PyTorch has no schedule for {name!r} to compare with; choose one of "
+                         f"{sorted(TORCH_SCHEDULES)} (1F1B's pipeline_order is compared on real "
+                         f"ranks by torch_pipelining)")
+    check_count("stages", stages, "pipeline ranks")
+    check_count("microbatches", microbatches, "micro-batches per batch")
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    ops = get_schedule_ops(TORCH_SCHEDULES[name], stages, microbatches)
+    out = {}
+    for rank, row in enumerate(ops):
+        out[rank] = [tuple(str(a) for a in op.sub_actions) if op.sub_actions else str(op)
+                     for op in row if op is not None and op.is_compute_op]
+    return out
