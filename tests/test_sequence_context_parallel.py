@@ -21,6 +21,7 @@ from parlab.context_parallel import (
 )
 from parlab.context_parallel.blocks import visible
 from parlab.launch import RankError, run
+from parlab.context_parallel import CP_METHODS as CONTEXT_FUNCTIONS
 
 METHODS = {"ring": ring_attention, "gather": all_gather_attention, "ulysses": ulysses_attention}
 TOL = 1e-10
@@ -208,6 +209,23 @@ def test_ulysses_refuses_more_ranks_than_key_value_heads():
     with pytest.raises(RankError, match=r"2 key/value heads do not split evenly over 4 ranks.*"
                                         r"at most 2"):
         run(_too_many_ranks, 4, backend="gloo")
+
+
+def _mismatched(method):
+    """Rank 1 passes 6 tokens where rank 0 passes 4: a classic slip in a data loader."""
+    tokens = 4 + 2 * dist.get_rank()
+    q = torch.zeros(1, 2, tokens, 4, dtype=torch.float64)
+    return CONTEXT_FUNCTIONS[method](q, q, q)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "toy"])
+@pytest.mark.parametrize("method", ["ring", "all-gather", "ulysses"])
+def test_sequence_shards_of_different_shapes_are_named_not_hung(method, backend):
+    """Each method fails at once with every rank's shapes, on gloo and on the toy backend,
+    instead of inside a collective (gloo's "Received data size doesn't match")."""
+    with pytest.raises(RankError, match=r"same shapes.*rank 0: q \(1, 2, 4, 4\).*"
+                                        r"rank 1: q \(1, 2, 6, 4\)"):
+        run(_mismatched, 2, method, backend=backend, timeout=60)
 
 
 def test_shapes_are_checked_before_any_transfer():

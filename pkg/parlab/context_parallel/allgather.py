@@ -90,7 +90,7 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     ``scaled_dot_product_attention`` on the whole sequence, forward and backward (gradients
     flow to this rank's q, k and v).
     """
-    check_qkv("all_gather_attention", q, k, v)
+    check_qkv("all_gather_attention", q, k, v, group)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     owners = [positions(q.shape[-2] * n, s, n, layout) for s in range(n)]
     # tokens first, so rank s's block lands at rows [s S/p, (s+1) S/p) of the gathered tensor

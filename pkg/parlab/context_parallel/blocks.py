@@ -21,6 +21,7 @@ inputs to that shape.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["block_forward", "block_backward", "merge", "visible", "check_qkv"]
 
@@ -69,10 +70,13 @@ def block_backward(q, k, v, q_pos, k_pos, causal: bool, scale: float, grad_out, 
     return grad_s @ k * scale, grad_s.transpose(-2, -1) @ q * scale, grad_v
 
 
-def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              group=False) -> None:
     """q ``(batch, H, tokens, d_head)``; k and v ``(batch, H_kv, tokens, d_head)`` with
     ``H_kv`` dividing ``H`` (grouped-query attention: query head h uses key/value head
-    ``h // (H / H_kv)``, as ``repeat_interleave`` and SDPA's ``enable_gqa`` do)."""
+    ``h // (H / H_kv)``, as ``repeat_interleave`` and SDPA's ``enable_gqa`` do). With a
+    ``group`` (None: the world), every rank of it must pass the same shapes: checked by one
+    small exchange on a gloo group beside it, outside the traffic the method is measured by."""
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or \
             (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]):
         raise ValueError(f"{name} needs q of shape (batch, heads, tokens, d_head) and k, v of "
@@ -81,3 +85,34 @@ def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> N
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{name}: {k.shape[1]} key/value heads do not divide the "
                          f"{q.shape[1]} query heads (grouped-query attention needs H % H_kv == 0)")
+    if group is not False and dist.is_initialized():
+        _check_same_shapes(name, q, k, group)
+
+
+#: Per process group, a gloo group over the same ranks for the shape check (kept with the
+#: group it serves, so a new group at a recycled address is not mistaken for it).
+_SIDE_GROUPS: dict[int, tuple] = {}
+
+
+def _side_group(group):
+    """A gloo group over ``group``'s ranks: its messages are not in the toy backend's traffic
+    log (the bytes each method sends stay exactly its own) and any backend carries them."""
+    group = group or dist.group.WORLD
+    cached = _SIDE_GROUPS.get(id(group))
+    if cached is None or cached[0] is not group:
+        ranks = dist.get_process_group_ranks(group)
+        cached = _SIDE_GROUPS[id(group)] = (group, dist.new_group(
+            ranks, backend="gloo", use_local_synchronization=True))
+    return cached[1]
+
+
+def _check_same_shapes(name: str, q: torch.Tensor, k: torch.Tensor, group) -> None:
+    """A ValueError on every rank, naming each rank's shapes, unless all ranks of ``group``
+    pass shards of one shape (a mismatch would otherwise fail deep inside a collective)."""
+    side = _side_group(group)
+    shapes = [None] * dist.get_world_size(side)
+    dist.all_gather_object(shapes, (tuple(q.shape), tuple(k.shape)), group=side)
+    if any(s != shapes[0] for s in shapes):
+        listed = "; ".join(f"rank {r}: q {sq}, k and v {sk}" for r, (sq, sk) in enumerate(shapes))
+        raise ValueError(f"{name}: every rank of the group must pass shards of the same shapes "
+                         f"(the same batch, heads, tokens per rank and d_head); got {listed}")

@@ -149,7 +149,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     shapes. Returns this rank's rows of the output, in the same layout; equal to
     ``scaled_dot_product_attention`` on the whole sequence, forward and backward.
     """
-    check_qkv("ring_attention", q, k, v)
+    check_qkv("ring_attention", q, k, v, group)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _RingAttention.apply(q, k, v, layout, causal, scale, group)
 

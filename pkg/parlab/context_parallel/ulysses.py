@@ -101,7 +101,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     the same layout; equal to ``scaled_dot_product_attention`` on the whole sequence, forward
     and backward (gradients flow to this rank's q, k and v).
     """
-    check_qkv("ulysses_attention", q, k, v)
+    check_qkv("ulysses_attention", q, k, v, group)
     n = dist.get_world_size(group)
     _check_heads(k.shape[1], n)
     order = torch.cat([positions(q.shape[-2] * n, s, n, layout) for s in range(n)])
