@@ -205,8 +205,13 @@ class GPT(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab, config.d_model)
-        self.wpe = nn.Embedding(config.context, config.d_model)
+        # Made from empty tensors, then drawn like nn.Embedding's own (N(0, 1)) unless on the
+        # meta device, where a random draw would first import torch._dynamo (seconds).
+        self.wte, self.wpe = (nn.Embedding(n, config.d_model, _weight=torch.empty(n, config.d_model))
+                              for n in (config.vocab, config.context))
+        for table in (self.wte, self.wpe):
+            if not table.weight.is_meta:
+                nn.init.normal_(table.weight)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab, bias=False)
