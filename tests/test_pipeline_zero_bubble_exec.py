@@ -143,6 +143,38 @@ def test_zbv_and_dualpipe_v_on_the_toy_backend_send_what_the_log_says(one_proces
         assert largest_difference(run.grads[0], one_process[1][0]) < TOLERANCE
 
 
+@pytest.mark.parametrize("first_stage", [True, False])
+def test_zero_bubble_i_computes_only_the_input_gradient_and_w_the_rest(first_stage):
+    """One stage in one process, against autograd's full backward: after I the weights have
+    no gradient yet and the input gradient is complete; after W the weights' gradients are.
+    Stage 0's input needs no gradient: its I returns None."""
+    def stage():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Sigmoid(),
+                                   torch.nn.Linear(8, 4)).double()
+    x = torch.rand(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grad_out = torch.rand(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    full = stage()
+    x_full = x.clone().requires_grad_(not first_stage)
+    full(x_full).backward(grad_out)
+
+    split = stage()
+    passes = SplitBackward({0: split})
+    inp = x.clone().requires_grad_(not first_stage)
+    out, noted = passes.forward(split, inp)
+    assert [type(m).__name__ for m, _ in noted] == ["Linear", "Linear"]  # the weight modules
+    input_grad, kept = passes.input_gradient(inp, out, grad_out, noted)
+    assert all(q.grad is None for q in split.parameters())  # I touched no weight
+    if first_stage:
+        assert input_grad is None
+    else:
+        torch.testing.assert_close(input_grad, x_full.grad, atol=1e-15, rtol=0)
+    passes.weight_gradient(kept)
+    for mine, theirs in zip(split.parameters(), full.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-15, rtol=0)
+    passes.close()
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

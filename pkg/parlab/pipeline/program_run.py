@@ -9,7 +9,9 @@ iteration. It returns what a check needs: the loss and the gradients of every it
 the weights at the end, and each rank's log of what it computed and sent.
 
 A rank's log names every action it ran, W included, in order; the simulator's
-:meth:`parlab.pipeline.Timeline.order` says what that order must be.
+:meth:`parlab.pipeline.Timeline.order` says what that order must be. DualPipeV's overlapped
+pairs (F&B) run as their forward, then their full backward: CPU ranks have no second stream
+to overlap them on, and this network no expert all-to-all for the overlap to hide.
 """
 
 from __future__ import annotations
