@@ -191,6 +191,25 @@ def test_zero_bubble_split_backward_refuses_tied_or_reused_weights():
     passes.close()
 
 
+def _loop_stages_on_a_v(name):
+    """A rank that builds one-stage-per-rank modules for a V program (its stages r, 2p-1-r)."""
+    import torch.distributed as dist
+    from parlab.pipeline import run_schedule
+    rank = dist.get_rank()
+    x = [torch.ones(1, 4)] * 4
+    run_schedule(program(name, 2, 4), {rank: torch.nn.Linear(4, 4)}, x, x,
+                 lambda y, t: (y - t).sum(), lambda k, i: (1, 4))
+
+
+def test_zbv_run_schedule_names_the_stages_a_v_rank_holds():
+    """A rank whose modules do not match the program's placement: a RankError, within
+    seconds, naming the stages it should hold."""
+    from parlab.launch import RankError, run
+    with pytest.raises(RankError, match=r"rank (0 holds stages \[0, 3\]|1 holds stages \[1, 2\]) "
+                                        r"of zbv \(v placement\), got modules for \[[01]\]"):
+        run(_loop_stages_on_a_v, 2, "zbv", backend="gloo", timeout=30)
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda: execute_program(program("zbv", 2, 4), Network(widths=(4,) * 7, samples=8)),
      "6 layers do not split evenly over 4 stages"),
