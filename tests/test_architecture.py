@@ -47,7 +47,7 @@ RANK_STARTERS = frozenset({
     "run_layer_strategy", "run_mlp", "run_embedding", "run_figure_8_2", "stage_table",
     "collective_explorer", "strategy_explorer", "book_step_explorer", "run_zero_tensor",
     "zero_tensor_rank", "compare_methods", "causal_work", "run_sequence_parallel",
-    "causal_work_chart"})
+    "causal_work_chart", "execute_program", "execute_programs"})
 #: The only functions (and classes) of the layers below viz that a drawing (``viz`` but its
 #: widgets) may call: notation and units that format a result (``Action`` is the key that
 #: ``action_code`` names), and the fixed cluster Figure 8-19 is drawn on. Every other function

@@ -10,7 +10,10 @@ numbers), ``slots`` (actions against busy slots: the book's doubled steps, and t
 schedule with one action per slot), ``zero_bubble`` (schedules that split the backward into B and
 W: ZB-H1, ZBV, DualPipeV), ``programs`` (every schedule as each rank's order of actions, with
 its placement: loop or V), ``events`` (the event-driven simulator: durations for F, B, W and
-transfers; idle time, activations and parameters per rank). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
+transfers; idle time, activations and parameters per rank), ``split_backward`` (the input
+gradient I and the weight gradient W on real ranks, and a program put into the executor's
+steps), ``program_run`` (any program, V placement included, trained on real ranks over SGD
+steps). Imports :mod:`parlab.launch`, :mod:`parlab.comm` and
 :mod:`parlab.memory`.
 """
 
@@ -30,6 +33,8 @@ from parlab.pipeline.slots import (
 from parlab.pipeline.zero_bubble import dualpipe_v, v_stages, zb_h1, zbv, ZERO_BUBBLE
 from parlab.pipeline.programs import PROGRAMS, program, program_from_order, Program
 from parlab.pipeline.events import Durations, Timed, Timeline, timeline
+from parlab.pipeline.split_backward import program_steps, SplitBackward, weight_modules
+from parlab.pipeline.program_run import execute_program, execute_programs, ProgramRun
 from parlab.pipeline.tradeoffs import (
     COMPARED, compare, comparison_table, ScheduleCost, Tradeoffs, tradeoffs
 )
@@ -43,4 +48,5 @@ __all__ = ["Action", "Schedule", "schedule", "from_order", "StageTransfer", "Eve
            "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps",
            "Tradeoffs", "tradeoffs", "zb_h1", "zbv", "dualpipe_v", "v_stages", "ZERO_BUBBLE",
            "Program", "program", "program_from_order", "PROGRAMS", "Durations", "Timed",
-           "Timeline", "timeline"]
+           "Timeline", "timeline", "program_steps", "SplitBackward", "weight_modules",
+           "execute_program", "execute_programs", "ProgramRun"]

@@ -192,7 +192,7 @@ class Timeline:
                 order[r][t] = code if held is None else (*((held,) if isinstance(held, str)
                                                             else held), code)
         return Schedule(prog.name, prog.stages, prog.microbatches, prog.chunks, order,
-                        prog.slot_size)
+                        prog.slot_size, prog.placement)
 
 
 def _walk(entries, kept_for_w, count=True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from parlab.checks import check_count
-from parlab.pipeline.schedules import Action, SCHEDULES, schedule_lanes
+from parlab.pipeline.schedules import Action, PLACEMENTS, SCHEDULES, schedule_lanes, stage_rank
 from parlab.pipeline.zero_bubble import ZERO_BUBBLE
 
 __all__ = ["Program", "program", "program_from_order", "PROGRAMS", "PLACEMENTS", "pair_parts",
@@ -23,7 +23,6 @@ __all__ = ["Program", "program", "program_from_order", "PROGRAMS", "PLACEMENTS",
 
 #: Every schedule :func:`program` knows.
 PROGRAMS = tuple(SCHEDULES) + tuple(ZERO_BUBBLE)
-PLACEMENTS = ("loop", "v")
 
 
 @dataclass(frozen=True)
@@ -51,10 +50,7 @@ class Program:
 
     def rank_of(self, stage: int) -> int:
         """The rank that holds ``stage``."""
-        p = self.stages
-        if self.placement == "v":
-            return stage if stage < p else 2 * p - 1 - stage
-        return stage % p
+        return stage_rank(stage, self.stages, self.placement)
 
     def stages_of(self, rank: int) -> list[int]:
         """The stages ``rank`` holds, in increasing order."""

@@ -3,8 +3,11 @@
 A pipeline rank holds one or more (virtual) stages of a model, as modules. It follows its
 row of the schedule step by step: a forward action (``kF i``) runs stage k on micro-batch i
 and keeps what the backward will need; a backward action (``kB i``) runs autograd back
-through it. Between the steps, activations travel forward and their gradients backward
-with ``dist.send``/``dist.recv``. :func:`run_schedule` knows nothing about what the stages
+through it; a split backward runs the input gradient (``kI i``) first and the weight
+gradient (``kW i``) later (:mod:`parlab.pipeline.split_backward`). Between the steps,
+activations travel forward and their gradients backward with ``dist.send``/``dist.recv``;
+between two stages on the same rank (interleaving's chunks, the tip of a V placement, where
+rank p - 1 holds stages p - 1 and p) they stay on the rank. :func:`run_schedule` knows nothing about what the stages
 hold: chapter 03's four-layer network (:mod:`parlab.pipeline.executor`), a GPT whose blocks
 are split by tensor parallelism (:mod:`parlab.hybrid`), any model cut by :func:`split_layers`.
 
@@ -28,8 +31,10 @@ import torch.distributed as dist
 
 from parlab.launch import recording, span
 from parlab.checks import check_count
+from parlab.pipeline.programs import Program
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, StageTransfer, simulate
+from parlab.pipeline.split_backward import program_steps, SplitBackward
 
 __all__ = ["StageRun", "run_schedule", "split_layers"]
 
@@ -70,12 +75,16 @@ class StageRun:
     spans: list
 
 
-def run_schedule(sched: Schedule, modules: dict, inputs: Sequence, targets: Sequence,
+def run_schedule(sched: Schedule | Program, modules: dict, inputs: Sequence, targets: Sequence,
                  loss_fn: Callable, activation_shape: Callable[[int, int], tuple], *,
                  peers: Sequence[int] | None = None, group=None,
-                 transfers_by_step: list[list[StageTransfer]] | None = None) -> StageRun:
+                 transfers_by_step: list[list[StageTransfer]] | None = None,
+                 dtype: torch.dtype | None = None) -> StageRun:
     """Run this rank's row of ``sched`` over the stages it holds.
 
+    - ``sched``: a :class:`Schedule` (chapter 03's time steps), or a
+      :class:`parlab.pipeline.Program` (any schedule, split backward and V placement
+      included), put into steps by :func:`parlab.pipeline.split_backward.program_steps`.
     - ``modules``: ``{virtual stage k: module}`` for every stage this rank holds
       (``sched.rank_of(k)`` is its pipeline rank); gradients accumulate in their parameters.
     - ``inputs`` / ``targets``: the micro-batches fed to stage 0 and to the loss (read only
@@ -83,13 +92,17 @@ def run_schedule(sched: Schedule, modules: dict, inputs: Sequence, targets: Sequ
     - ``loss_fn(output, target)``: micro-batch i's share of the batch loss (the shares add
       up to the batch loss, so the gradients equal one process's).
     - ``activation_shape(k, i)``: the shape of stage k's output for micro-batch i (what
-      stage k + 1 receives, and the shape of the gradient that comes back).
+      stage k + 1 receives, and the shape of the gradient that comes back); ``dtype`` that
+      of the tensors received (default: the dtype of the stages' parameters).
     - ``peers[r]``: the global rank of pipeline rank r (default: ranks 0..stages-1);
       ``group``: the process group the sends and receives go through (its label is what the
       toy backend's log shows).
     """
     from parlab.launch import rank_device
     device = rank_device()  # this rank's GPU under NCCL, else the CPU
+    if isinstance(sched, Program):
+        sched, by_step = program_steps(sched)
+        transfers_by_step = transfers_by_step or by_step
     peers = list(range(sched.stages)) if peers is None else list(peers)
     if len(peers) != sched.stages:
         raise ValueError(f"peers must name the global rank of each of the {sched.stages} "
@@ -98,17 +111,21 @@ def run_schedule(sched: Schedule, modules: dict, inputs: Sequence, targets: Sequ
     K = sched.virtual_stages
     mine = {k for k in range(K) if sched.rank_of(k) == me}
     if set(modules) != mine:
-        raise ValueError(f"pipeline rank {me} holds stages {sorted(mine)} of {sched.name}, "
-                         f"got modules for {sorted(modules)}")
+        raise ValueError(f"pipeline rank {me} holds stages {sorted(mine)} of {sched.name} "
+                         f"({sched.placement} placement), got modules for {sorted(modules)}")
     if len(inputs) != sched.microbatches or len(targets) != sched.microbatches:
         raise ValueError(f"{sched.name} runs {sched.microbatches} micro-batches: give as many "
                          f"inputs and targets (got {len(inputs)} and {len(targets)})")
     if transfers_by_step is None:
         transfers_by_step = [rec.transfers for rec in simulate(sched).records]
-    inbox, saved, outbox, events = {}, {}, {}, []
-    loss_total = torch.zeros((), device=device)
+    dtype = dtype or next((q.dtype for m in modules.values() for q in m.parameters()
+                           if q.is_floating_point()), torch.get_default_dtype())
+    split = {a.stage for t in range(sched.steps) for a in sched.actions(me, t) if a.kind == "I"}
+    passes = SplitBackward({k: modules[k] for k in split})
+    inbox, saved, outbox, pending, events = {}, {}, {}, {}, []
+    loss_total = torch.zeros((), device=device, dtype=dtype)
     toy_log = _toy_log()
-    traffic, seen = ([] if toy_log else None), 0
+    traffic, seen = ([], len(toy_log())) if toy_log else (None, 0)  # this call's messages
     with recording() as recorder:
         for step in range(sched.steps):
             step_events = {}  # (kind of what it sends, stage, micro-batch) -> log line
@@ -116,20 +133,15 @@ def run_schedule(sched: Schedule, modules: dict, inputs: Sequence, targets: Sequ
                 k, i = action.stage, action.microbatch
                 with span(str(action), "compute", step=step + 1, stage=k, kind=action.kind,
                           microbatch=i):
-                    if action.kind == "F":
-                        inp = inputs[i].to(device) if k == 0 else inbox.pop(("y", k - 1, i))
-                        inp = inp.detach().requires_grad_(k > 0)
-                        out = modules[k](inp)
-                        if k == K - 1:
-                            out = loss_fn(out, targets[i].to(device))
-                            loss_total += out.detach()
-                        saved[(k, i)] = (inp, out)
-                        produced, target_stage, kind = out.detach(), k + 1, "y"
-                    else:
-                        inp, out = saved.pop((k, i))
-                        out.backward(None if k == K - 1 else inbox.pop(("E", k + 1, i)))
-                        produced, target_stage, kind = (inp.grad if k > 0 else None), k - 1, "E"
-                if 0 <= target_stage < K:
+                    produced = _run_action(action, K, modules, passes, inputs, targets, loss_fn,
+                                           inbox, saved, pending, device)
+                if action.kind == "F":
+                    if k == K - 1:
+                        loss_total += produced.detach()
+                    produced, target_stage, kind = produced.detach(), k + 1, "y"
+                else:
+                    target_stage, kind = k - 1, "E" if action.kind != "W" else "W"
+                if kind != "W" and 0 <= target_stage < K:
                     if sched.rank_of(target_stage) == me:  # the next chunk is here: no transfer
                         inbox[(kind, k, i)] = produced
                     else:
@@ -145,7 +157,7 @@ def run_schedule(sched: Schedule, modules: dict, inputs: Sequence, targets: Sequ
                 elif transfer.dst == me:
                     shape = activation_shape(min(transfer.src_stage, transfer.dst_stage),
                                              transfer.microbatch)
-                    buffer = torch.empty(shape, device=device)
+                    buffer = torch.empty(shape, device=device, dtype=dtype)
                     with _transfer_span("recv", transfer, peers[transfer.src], buffer, step):
                         dist.recv(buffer, peers[transfer.src], group=group)
                     inbox[key] = buffer
@@ -154,7 +166,33 @@ def run_schedule(sched: Schedule, modules: dict, inputs: Sequence, targets: Sequ
                 log = toy_log()
                 traffic.append([r for r in log[seen:] if r.src == peers[me]])
                 seen = len(log)
+    passes.close()
     return StageRun(events, float(loss_total), traffic, recorder.spans)
+
+
+def _run_action(action, K, modules, passes, inputs, targets, loss_fn, inbox, saved, pending,
+                device):
+    """Compute one action; returns what it makes for a neighbour (F: the output, or the loss
+    on the last stage; B and I: the input gradient, None on stage 0; W: None)."""
+    k, i = action.stage, action.microbatch
+    if action.kind == "F":
+        inp = inputs[i].to(device) if k == 0 else inbox.pop(("y", k - 1, i))
+        inp = inp.detach().requires_grad_(k > 0)
+        out, noted = passes.forward(modules[k], inp)
+        if k == K - 1:
+            out = loss_fn(out, targets[i].to(device))
+        saved[(k, i)] = (inp, out, noted)
+        return out
+    if action.kind == "W":
+        passes.weight_gradient(pending.pop((k, i)))
+        return None
+    inp, out, noted = saved.pop((k, i))
+    grad = None if k == K - 1 else inbox.pop(("E", k + 1, i))
+    if action.kind == "I":
+        input_grad, pending[(k, i)] = passes.input_gradient(inp, out, grad, noted)
+        return input_grad
+    out.backward(grad)
+    return inp.grad if k > 0 else None
 
 
 def _transfer_span(op: str, transfer: StageTransfer, peer: int, tensor, step: int):

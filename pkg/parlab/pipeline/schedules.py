@@ -31,7 +31,11 @@ from typing import NamedTuple, Union
 from parlab.checks import check_count
 
 __all__ = ["Action", "Entry", "Schedule", "schedule", "from_order", "SCHEDULES",
-           "entry_actions", "schedule_lanes", "check_placed"]
+           "entry_actions", "schedule_lanes", "check_placed", "stage_rank", "PLACEMENTS"]
+
+#: Where stages live: "loop" puts stage k on rank k % p; "v" puts 2p stages on p ranks,
+#: rank r holding stages r and 2p - 1 - r.
+PLACEMENTS = ("loop", "v")
 
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
@@ -64,6 +68,13 @@ class Action(NamedTuple):
                              f"micro-batch, as in '2F0' (stage 2 forward micro-batch 0), '0B3' "
                              f"(full backward), '1I2' (input gradient) or '1W2' (weight gradient)")
         return cls(int(match[1]), match[2], int(match[3]))
+
+
+def stage_rank(stage: int, ranks: int, placement: str = "loop") -> int:
+    """The rank that holds ``stage`` of a pipeline on ``ranks`` ranks, in ``placement``."""
+    if placement == "v":
+        return stage if stage < ranks else 2 * ranks - 1 - stage
+    return stage % ranks
 
 
 def check_placed(where: str, action: Action, rank: int, virtual_stages: int, microbatches: int,
@@ -100,6 +111,9 @@ class Schedule:
     action holds, in units of "one of the batch's micro-batches through one whole stage":
     1 for GPipe, 1F1B and the book; ``m`` for naive model parallelism, which pushes the
     whole batch at once; ``1/v`` for interleaving, whose chunks hold 1/v of a stage.
+    ``placement`` is where the stages live (:data:`PLACEMENTS`): "loop" for chapter 03's
+    schedules, "v" for a split-backward program put into steps
+    (:func:`parlab.pipeline.split_backward.program_steps`).
     """
 
     name: str
@@ -108,6 +122,7 @@ class Schedule:
     chunks: int
     pipeline_order: dict = field(repr=False)
     slot_size: float = 1.0
+    placement: str = "loop"
 
     @property
     def virtual_stages(self) -> int:
@@ -121,7 +136,7 @@ class Schedule:
 
     def rank_of(self, stage: int) -> int:
         """The rank that holds (virtual) stage ``stage``."""
-        return stage % self.stages
+        return stage_rank(stage, self.stages, self.placement)
 
     def actions(self, rank: int, step: int) -> tuple[Action, ...]:
         """What ``rank`` computes in time step ``step`` (0-based), in order."""

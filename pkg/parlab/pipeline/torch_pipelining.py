@@ -7,7 +7,6 @@ compared with PyTorch's, and our action order with the ``pipeline_order`` PyTorc
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +15,8 @@ import torch.distributed as dist
 from parlab.pipeline.executor import Network, stage_layers
 from parlab.checks import check_count
 from parlab.models import max_difference
-from parlab.pipeline.schedules import Schedule, entry_actions
+from parlab.pipeline.schedules import Schedule, entry_actions, stage_rank
+from parlab.pipeline.zero_bubble import v_stages
 
 __all__ = ["TorchRun", "torch_pipelining", "our_action_order", "torch_action_order",
            "TORCH_SCHEDULES"]
@@ -24,43 +24,52 @@ __all__ = ["TorchRun", "torch_pipelining", "our_action_order", "torch_action_ord
 #: Our schedule names -> the name ``torch.distributed.pipelining`` gives the same schedule.
 TORCH_SCHEDULES = {"gpipe": "GPipe", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 
-_COMPUTE = re.compile(r"^\d+[FB]\d+$")
+#: The kinds that hold two stages per rank in a V.
+_V_KINDS = ("zbv", "dualpipev")
+_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zbv": "ScheduleZBVZeroBubble",
+            "dualpipev": "ScheduleDualPipeV"}
 
 
-def _torch_worker(kinds: tuple, net: Network, microbatches: int):
+def _torch_worker(kinds: tuple, net: Network, microbatches: int, dtype=torch.float32):
     # importing torch.distributed.pipelining takes seconds per rank: one launch runs every kind
     from torch.distributed import pipelining
 
     rank, p = dist.get_rank(), dist.get_world_size()
     results = {}
     for kind in kinds:
-        layers = net.build()
-        module = torch.nn.Sequential(*(layers[j] for j in stage_layers(net, p, rank)))
-        stage = pipelining.PipelineStage(module, rank, p, torch.device("cpu"))
-        schedule_class = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[kind]
+        placement = "v" if kind in _V_KINDS else "loop"
+        K = 2 * p if placement == "v" else p
+        held = v_stages(rank, p) if placement == "v" else (rank,)
+        layers = [layer.to(dtype) for layer in net.build()]
+        stages = [pipelining.PipelineStage(
+            torch.nn.Sequential(*(layers[j] for j in stage_layers(net, K, k))), k, K,
+            torch.device("cpu")) for k in held]
         # mean over a micro-batch's samples; PyTorch then divides the gradients by the number
         # of micro-batches (scale_grads=True), which gives the mean over the whole batch
         per_microbatch = lambda out, target: ((out - target) ** 2).sum() / out.shape[0]
-        schedule = schedule_class(stage, n_microbatches=microbatches, loss_fn=per_microbatch)
-        x, target = net.batch()
+        schedule = getattr(pipelining, _CLASSES[kind])(
+            stages if placement == "v" else stages[0], n_microbatches=microbatches,
+            loss_fn=per_microbatch)
+        x, target = (t.to(dtype) for t in net.batch())
         losses: list = []
-        if p == 1:
-            schedule.step(x, target=target, losses=losses)
-        elif rank == 0:
-            schedule.step(x)
-        elif rank == p - 1:
-            schedule.step(target=target, losses=losses)
-        else:
-            schedule.step()
+        first, last = stage_rank(0, p, placement) == rank, stage_rank(K - 1, p, placement) == rank
+        schedule.step(*((x,) if first else ()),
+                      **({"target": target, "losses": losses} if last else {}))
         order = getattr(schedule, "pipeline_order", None) or {}
         results[kind] = {
             "grads": {j: (layers[j][0].weight.grad.clone(), layers[j][0].bias.grad.clone())
-                      for j in stage_layers(net, p, rank)},
-            "actions": [str(a) for a in order.get(rank, [])
-                        if a is not None and _COMPUTE.match(str(a))],
+                      for k in held for j in stage_layers(net, K, k)},
+            "actions": _compute_codes(order.get(rank, [])),
             "loss": float(sum(l.detach() for l in losses) / microbatches) if losses else None,
         }
     return results
+
+
+def _compute_codes(row) -> list:
+    """A rank's ``pipeline_order`` row as compute codes ("1F0", "1I0", "1W0"): sends, receives
+    and idle slots dropped, an overlapped pair (``OVERLAP_F_B``) as a tuple of its two."""
+    return [tuple(str(a) for a in op.sub_actions) if op.sub_actions else str(op)
+            for op in row if op is not None and op.is_compute_op]
 
 
 @dataclass
@@ -86,30 +95,38 @@ class TorchRun:
 
 
 def torch_pipelining(kinds=("gpipe", "1f1b"), stages: int = 4, microbatches: int = 4,
-                     net: Network | None = None, timeout: float = 120) -> dict:
-    """Run torch's ``ScheduleGPipe`` ("gpipe") and/or ``Schedule1F1B`` ("1f1b") on ``stages``
-    gloo ranks over the chapter's network; returns {kind: TorchRun}."""
+                     net: Network | None = None, timeout: float = 120,
+                     dtype: torch.dtype = torch.float32) -> dict:
+    """Run torch's ``ScheduleGPipe`` ("gpipe"), ``Schedule1F1B`` ("1f1b"),
+    ``ScheduleZBVZeroBubble`` ("zbv") and/or ``ScheduleDualPipeV`` ("dualpipev") on
+    ``stages`` gloo ranks over the chapter's network in ``dtype``; returns {kind: TorchRun}.
+
+    ``stages`` counts ranks: the V schedules cut the network into 2 x ``stages`` stages."""
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    check_count("stages", stages, "pipeline stages, one rank each")
+    check_count("stages", stages, "pipeline ranks")
     check_count("microbatches", microbatches, "micro-batches per batch")
     for kind in kinds:
-        if kind not in ("gpipe", "1f1b"):
-            raise ValueError(f"kinds must be 'gpipe' and/or '1f1b' (torch's ScheduleGPipe and "
-                             f"Schedule1F1B), got {kind!r}")
+        if kind not in _CLASSES:
+            raise ValueError(f"kinds must be among {list(_CLASSES)} (torch's "
+                             f"{', '.join(_CLASSES.values())}), got {kind!r}")
     if "1f1b" in kinds and microbatches < stages:
         raise ValueError(f"torch's Schedule1F1B needs microbatches >= stages, got "
                          f"microbatches={microbatches} for stages={stages}")
+    if "dualpipev" in kinds and microbatches < 2 * stages:
+        raise ValueError(f"torch's ScheduleDualPipeV needs microbatches >= 2 x ranks = "
+                         f"{2 * stages}, got microbatches={microbatches}")
     net = net or Network()
-    stage_layers(net, stages, 0)
+    for kind in kinds:
+        stage_layers(net, 2 * stages if kind in _V_KINDS else stages, 0)
     if net.samples % microbatches:
         raise ValueError(f"{net.samples} samples do not split into {microbatches} micro-batches")
     from parlab.launch import run
-    results = run(_torch_worker, stages, kinds, net, microbatches, backend="gloo",
+    results = run(_torch_worker, stages, kinds, net, microbatches, dtype, backend="gloo",
                   timeout=timeout)
     return {kind: TorchRun(kind, stages, microbatches,
                            {j: g for r in results for j, g in r[kind]["grads"].items()},
                            {rank: r[kind]["actions"] for rank, r in enumerate(results)},
-                           results[-1][kind]["loss"])
+                           next(r[kind]["loss"] for r in results if r[kind]["loss"] is not None))
             for kind in kinds}
 
 
@@ -136,8 +153,4 @@ def torch_action_order(name: str, stages: int, microbatches: int) -> dict:
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
     ops = get_schedule_ops(TORCH_SCHEDULES[name], stages, microbatches)
-    out = {}
-    for rank, row in enumerate(ops):
-        out[rank] = [tuple(str(a) for a in op.sub_actions) if op.sub_actions else str(op)
-                     for op in row if op is not None and op.is_compute_op]
-    return out
+    return {rank: _compute_codes(row) for rank, row in enumerate(ops)}
