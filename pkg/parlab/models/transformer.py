@@ -207,7 +207,8 @@ class GPT(nn.Module):
         self.config = config
         # Made from empty tensors, then drawn like nn.Embedding's own (N(0, 1)) unless on the
         # meta device, where a random draw would first import torch._dynamo (seconds).
-        self.wte, self.wpe = (nn.Embedding(n, config.d_model, _weight=torch.empty(n, config.d_model))
+        d = config.d_model
+        self.wte, self.wpe = (nn.Embedding(n, d, _weight=torch.empty(n, d))
                               for n in (config.vocab, config.context))
         for table in (self.wte, self.wpe):
             if not table.weight.is_meta:
