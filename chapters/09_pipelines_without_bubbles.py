@@ -34,7 +34,8 @@
 # 4. time F, B and W on your machine and see how the bubble shrinks with micro-batches and
 #    grows with ranks;
 # 5. count what each schedule costs in memory, per rank;
-# 6. explore, and solve two exercises in which you predict before the notebook prints.
+# 6. explore, and solve two exercises in which you predict before the notebook prints;
+# 7. give chapter 05's planner the ZB-H1 schedule.
 #
 # **Notation.** F is the forward pass of one stage on one micro-batch. As in Qi et al., **B**
 # is the gradient of the stage's *input* (what the previous stage waits for) and **W** the
@@ -162,7 +163,7 @@ glue("gain_zbv", 100 * gains["zbv"], ".0f")
 # With F&B run one pass after the other, DualPipeV here is ZBV's equal; its pairs pay off
 # where an overlap hides communication, which these ranks do not have.
 #
-# The cell below prints exercise 09.1's answer: ZB-H1 with F = 2, B = 2 and W = 1.
+# The cell below prints exercise 09.1's answer, with that exercise's times.
 
 # %%
 from parlab.pipeline import Durations, program, timeline
@@ -339,10 +340,43 @@ from parlab.viz.widgets import zero_bubble_explorer
 zero_bubble_explorer(w=2.0)
 
 # %% [markdown]
+# ## 7. In chapter 05's planner
+#
+# Chapter 05's planner takes `schedule="zb-h1"` too. It knows one time per micro-batch and
+# stage, so it takes B and W as long as F each (each is one matrix product per weight, as
+# the forward is); every stage then holds up to min(p, m) micro-batches (W keeps them whole),
+# where 1F1B's stage s holds min(p - s, m). GPT-3 on chapter 05's cluster, and Llama-3-8B
+# on a smaller one:
+
+# %%
+from parlab.hybrid import plan
+
+best = {}
+for model, gpus in (("GPT-3 175B", 1024), ("Llama-3-8B", 64)):
+    for name in ("1f1b", "zb-h1"):
+        best[model, name] = lay = plan(model, gpus, schedule=name)[0]
+        print(f"{model} on {gpus:,} GPUs, {name:>5}: dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, "
+              f"{lay.microbatches} micro-batches, {lay.memory_per_gpu_bytes / 1e9:.1f} GB per "
+              f"GPU; bubble fraction {lay.bubble_fraction:.3f}, step {lay.step_time_s:.3f} s")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+gpt3_ofob, gpt3_h1 = best["GPT-3 175B", "1f1b"], best["GPT-3 175B", "zb-h1"]
+glue("plan_ofob_s", gpt3_ofob.step_time_s, ".2f")
+glue("plan_h1_s", gpt3_h1.step_time_s, ".2f")
+glue("plan_gain", 100 * (gpt3_ofob.step_time_s / gpt3_h1.step_time_s - 1), ".0f")
+
+# %% [markdown]
+# For GPT-3 the fastest layout's step drops from <span data-glue="plan_ofob_s">10.33</span>
+# s to <span data-glue="plan_h1_s">9.84</span> s, <span data-glue="plan_gain">5</span> %
+# faster, in the planner's model, which overlaps no communication with computation. For
+# Llama-3-8B, 1F1B's fastest layout does not fit under ZB-H1 (its later stages hold more
+# activations), and ZB-H1's own fastest is a little slower: the memory side of the trade.
+# ZBV and DualPipeV are not planned: they move half of every rank's layers to the other arm
+# of the V, which the planner's count of memory per stage does not model.
+#
 # ## What's next
 #
-# Chapter 05's planner still counts the bubble of 1F1B and GPipe, (p - 1)/(m + p - 1). The
-# schedules here change the time of a step, not its memory formula alone: their bubble
-# depends on F, B and W separately, which the planner does not model (it knows one time per
-# micro-batch and stage), and a V schedule changes where each layer lives. Adding them
-# would mean giving the planner those three times, and is left for later.
+# The schedules here keep the pipeline busy; what they cannot hide is the communication
+# between stages and, in DeepSeek's case, between experts. DualPipe's F&B pairs exist to
+# overlap an expert all-to-all (chapter 07) with the other pass's arithmetic, which needs
+# GPUs with separate streams for compute and communication to show.

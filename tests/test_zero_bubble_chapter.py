@@ -170,3 +170,30 @@ def test_dualpipe_v_on_an_odd_number_of_ranks_is_documented_as_accepted():
     """The choice not to refuse it is explained where a user meets it."""
     assert "odd number of ranks is accepted" in dualpipe_v.__doc__
     assert timeline(program("dualpipev", 3, 6)).program.virtual_stages == 6
+
+# ----------------------------------------------------------------------------- the planner
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_zero_bubble_h1_in_the_planner_equals_the_simulator(p):
+    """Chapter 05's planner, schedule "zb-h1": its bubble fraction (F = B = W) and the
+    micro-batches each stage holds are the event-driven simulator's, for m below and above p."""
+    from parlab.hybrid import bubble_fraction
+    from parlab.memory.breakdown import Setup
+
+    for m in (1, 2, 3, 5, 8, 13):
+        t = timeline(program("zb-h1", p, m), Durations(1, 1, 1))
+        assert bubble_fraction(p, m, "zb-h1") == pytest.approx(t.bubble_fraction), (p, m)
+        assert bubble_fraction(p, m, "zb-h1") <= bubble_fraction(p, m, "1f1b")
+        setup = Setup(*[None] * 11)._replace(schedule="zb-h1", pp=p, microbatches=m)
+        assert [setup.in_flight(k) for k in range(p)] == t.peak_inflight
+
+
+def test_zero_bubble_h1_plans_gpt3_with_a_smaller_bubble():
+    """GPT-3 on 1,024 GPUs: the fastest ZB-H1 layout steps faster than the fastest 1F1B one."""
+    from parlab.hybrid import plan
+
+    ofob = plan("GPT-3 175B", 1024, schedule="1f1b")[0]
+    h1 = plan("GPT-3 175B", 1024, schedule="zb-h1")[0]
+    assert h1.step_time_s < ofob.step_time_s
+    assert h1.bubble_fraction < ofob.bubble_fraction or h1.pp < ofob.pp
