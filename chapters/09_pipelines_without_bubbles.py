@@ -28,14 +28,15 @@
 #
 # 1. see, on one stage of chapter 03's network, why half of the backward pass can wait;
 # 2. put 1F1B, ZB-H1, ZBV and DualPipeV side by side on one time axis, for the same model
-#    on <span data-glue="zb_ranks">4</span> ranks;
-# 3. run all four on <span data-glue="real_ranks">2</span> real ranks, each equal to one
-#    process, and look at their measured timelines;
-# 4. time F, B and W on your machine and see how the bubble shrinks with micro-batches and
+#    on <span data-glue="zb_ranks">4</span> ranks, and change the ranks, the micro-batches
+#    and the times of B and W with sliders;
+# 3. time F, B and W on your machine and see how the bubble shrinks with micro-batches and
 #    grows with ranks;
+# 4. run all four on <span data-glue="real_ranks">2</span> real ranks, each equal to one
+#    process, and look at their measured timelines;
 # 5. count what each schedule costs in memory, per rank;
-# 6. explore, and solve two exercises in which you predict before the notebook prints;
-# 7. give chapter 05's planner the ZB-H1 schedule.
+# 6. give chapter 05's planner the ZB-H1 schedule;
+# 7. along the way, solve two exercises in which you predict before the notebook prints.
 #
 # **Notation.** F is the forward pass of one stage on one micro-batch. As in Qi et al., **B**
 # is the gradient of the stage's *input* (what the previous stage waits for) and **W** the
@@ -120,17 +121,18 @@ check("09.1", answer_09_1)
 # action starts as soon as its rank is free and its input has arrived. All four describe
 # the same model: F, B and W are given for one rank's share of the layers, one unit each
 # here. A V schedule's stage holds half a rank's layers, so its F, B and W take half a
-# unit (`Durations.split(2)`); a transfer is free in these charts.
+# unit (`Durations.split(2)`); a transfer is free in these charts. The sliders under the
+# charts change the ranks, the micro-batches, and B and W in units of F: make W twice as
+# long as F and watch ZB-H1's deferred W's overfill the gaps they were meant for, or take
+# fewer micro-batches than DualPipeV needs.
 
 # %%
-from parlab.experiments import schedule_timelines, schedules_chart, speedups
+from parlab.experiments import schedule_timelines, speedups
+from parlab.viz.widgets import zero_bubble_explorer
 
 timelines = schedule_timelines()
 gains = speedups(timelines)
-for name, t in timelines.items():
-    print(f"{name:>9}: length {t.makespan:g}, idle per rank {t.idle[0]:g}, bubble fraction "
-          f"{t.bubble_fraction:.3f}, {gains[name]:+.0%} against 1F1B")
-show(schedules_chart())
+zero_bubble_explorer()
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 from parlab.experiments import ZB_MICROBATCHES, ZB_RANKS
@@ -173,61 +175,11 @@ print(f"ZB-H1, F = 2, B = 2, W = 1: each rank idles {h1.idle[0]:g} ms per batch 
       f"(1F1B: {timeline(program('1f1b', 4, 8), Durations(F=2, B=2, W=1)).idle[0]:g} ms)")
 
 # %% [markdown]
-# ## 3. On real ranks
+# ## 3. Your machine's F, B and W, and the bubble
 #
-# One launch trains all four schedules on <span data-glue="real_ranks">2</span> gloo ranks,
-# one SGD step each, on a wider network of chapter 03's kind
-# (<span data-glue="real_layers">8</span> layers of <span data-glue="real_width">128</span>
-# sigmoid neurons, <span data-glue="real_samples">64</span> samples in
-# <span data-glue="real_m">8</span> micro-batches): each rank builds the stages it holds
-# (two in a V), runs its actions in the program's order, B and W as separate calls, and
-# sends activations and input gradients with `dist.send` / `dist.recv`. Each is compared with
-# one process training the whole network on the whole batch, and each rank's log with the
-# simulator's order.
-
-# %%
-from parlab.comm import chrome_trace
-from parlab.experiments import run_real
-
-real = run_real()
-for name, run in real.runs.items():
-    print(f"{name:>9}: gradients equal one process's (1e-5): {real.errors[name] < 1e-5}; "
-          f"each rank ran the simulator's order, W included: {real.same_order[name]}; "
-          f"rank 0 ran {len(run.order(0)[0])} actions")
-
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
-from parlab.experiments import WIDE_NET
-
-glue("real_ranks", next(iter(real.runs.values())).program.stages)
-glue("real_layers", WIDE_NET.layers)
-glue("real_width", WIDE_NET.widths[1])
-glue("real_samples", WIDE_NET.samples)
-glue("real_m", next(iter(real.runs.values())).program.microbatches)
-
-# %% [markdown]
-# The measured timelines, one per schedule, on one axis of milliseconds: the upper lane of
-# each rank is its computation (colours as in the charts above), the lower its sends and
-# receives. These times change with every run and every machine. The executor keeps each
-# rank in the order the simulator found, in steps with a communication phase between them
-# (as chapter 03's does), so a rank may wait at a step's hand-over where the simulator
-# would already have moved on; and on a few shared cores, handing a tensor to another
-# process can take as long as computing it.
-
-# %% tags=["nbval-ignore-output"]
-from parlab.comm import trace_summary
-from parlab.viz.plots import measured_figure
-
-traces = {name: chrome_trace(run.spans[0]) for name, run in real.runs.items()}
-for name, trace in traces.items():
-    rows = trace_summary(trace)
-    print(f"{name:>9}: " + "; ".join(f"{row['track']} computes {row['compute ms']:.1f} ms, "
-                                     f"idle {row['idle ms']:.1f} ms" for row in rows))
-show(measured_figure(traces))
-
-# %% [markdown]
-# ## 4. Your machine's F, B and W, and the bubble
-#
-# The cell below times F, B and W of one rank's stage of the same network cut over
+# The cell below times F, B and W of one rank's stage of a wider network of chapter 03's
+# kind (<span data-glue="real_layers">8</span> layers of
+# <span data-glue="real_width">128</span> sigmoid neurons) cut over
 # <span data-glue="zb_ranks">4</span> ranks (two layers, one micro-batch, in this process),
 # and simulates every schedule with those times: the bubble fraction against micro-batches
 # on <span data-glue="zb_ranks">4</span> ranks, and against ranks with
@@ -266,6 +218,58 @@ show(bubble_chart(measured))
 # on clusters of GPUs with real communication. The simulated percentages printed above are
 # an illustration of where such a gain comes from, for this small network on this machine,
 # not a check of that number.
+
+# %% [markdown]
+# ## 4. On real ranks
+#
+# One launch trains all four schedules on <span data-glue="real_ranks">2</span> gloo ranks,
+# one SGD step each, on the network whose passes section 3 timed
+# (<span data-glue="real_samples">64</span> samples in <span data-glue="real_m">8</span>
+# micro-batches): each rank builds the stages it holds
+# (two in a V), runs its actions in the program's order, B and W as separate calls, and
+# sends activations and input gradients with `dist.send` / `dist.recv`. Each is compared with
+# one process training the whole network on the whole batch, and each rank's log with the
+# simulator's order.
+
+# %%
+from parlab.comm import chrome_trace
+from parlab.experiments import run_real
+
+real = run_real()
+for name, run in real.runs.items():
+    print(f"{name:>9}: gradients equal one process's (1e-5): {real.errors[name] < 1e-5}; "
+          f"each rank ran the simulator's order, W included: {real.same_order[name]}; "
+          f"rank 0 ran {len(run.order(0)[0])} actions")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.experiments import WIDE_NET
+
+glue("real_ranks", next(iter(real.runs.values())).program.stages)
+glue("real_layers", WIDE_NET.layers)
+glue("real_width", WIDE_NET.widths[1])
+glue("real_samples", WIDE_NET.samples)
+glue("real_m", next(iter(real.runs.values())).program.microbatches)
+
+# %% [markdown]
+# The measured timelines of 1F1B and ZB-H1, on one axis of milliseconds (every schedule's
+# is in `traces`: `show(measured_figure(traces))` draws all four): the upper lane of each
+# rank is its computation (colours as in the charts above), the lower its sends and
+# receives. These times change with every run and every machine. The executor keeps each
+# rank in the order the simulator found, in steps with a communication phase between them
+# (as chapter 03's does), so a rank may wait at a step's hand-over where the simulator
+# would already have moved on; and on a few shared cores, handing a tensor to another
+# process can take as long as computing it.
+
+# %% tags=["nbval-ignore-output"]
+from parlab.comm import trace_summary
+from parlab.viz.plots import measured_figure
+
+traces = {name: chrome_trace(run.spans[0]) for name, run in real.runs.items()}
+for name, trace in traces.items():
+    rows = trace_summary(trace)
+    print(f"{name:>9}: " + "; ".join(f"{row['track']} computes {row['compute ms']:.1f} ms, "
+                                     f"idle {row['idle ms']:.1f} ms" for row in rows))
+show(measured_figure({name: traces[name] for name in ("1f1b", "zb-h1")}))
 
 # %% [markdown]
 # ## 5. Memory, per rank
@@ -326,52 +330,35 @@ glue("mem_zbv", peaks["zbv"]["rank 0"], "g")
 # it back to one.
 
 # %% [markdown]
-# ## 6. Explore
-#
-# Pick a schedule, the number of ranks and micro-batches, and B and W in units of F: the
-# explorer prints every schedule's bubble and draws the one you picked. It opens on ZB-H1
-# with W twice as long as F: watch the deferred W's overfill the gaps they were meant for,
-# then make W shorter than F, or switch to DualPipeV and take fewer micro-batches than it
-# needs.
-
-# %%
-from parlab.viz.widgets import zero_bubble_explorer
-
-zero_bubble_explorer(w=2.0)
-
-# %% [markdown]
-# ## 7. In chapter 05's planner
+# ## 6. In chapter 05's planner
 #
 # Chapter 05's planner takes `schedule="zb-h1"` too. It knows one time per micro-batch and
 # stage, so it takes B and W as long as F each (each is one matrix product per weight, as
 # the forward is); every stage then holds up to min(p, m) micro-batches (W keeps them whole),
-# where 1F1B's stage s holds min(p - s, m). GPT-3 on chapter 05's cluster, and Llama-3-8B
-# on a smaller one:
+# where 1F1B's stage s holds min(p - s, m). GPT-3 on chapter 05's cluster:
 
 # %%
 from parlab.hybrid import plan
 
 best = {}
-for model, gpus in (("GPT-3 175B", 1024), ("Llama-3-8B", 64)):
-    for name in ("1f1b", "zb-h1"):
-        best[model, name] = lay = plan(model, gpus, schedule=name)[0]
-        print(f"{model} on {gpus:,} GPUs, {name:>5}: dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, "
-              f"{lay.microbatches} micro-batches, {lay.memory_per_gpu_bytes / 1e9:.1f} GB per "
-              f"GPU; bubble fraction {lay.bubble_fraction:.3f}, step {lay.step_time_s:.3f} s")
+for name in ("1f1b", "zb-h1"):
+    best[name] = lay = plan("GPT-3 175B", 1024, schedule=name)[0]
+    print(f"{name:>5}: dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, {lay.microbatches} "
+          f"micro-batches, {lay.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; bubble fraction "
+          f"{lay.bubble_fraction:.3f}, step {lay.step_time_s:.3f} s")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
-gpt3_ofob, gpt3_h1 = best["GPT-3 175B", "1f1b"], best["GPT-3 175B", "zb-h1"]
-glue("plan_ofob_s", gpt3_ofob.step_time_s, ".2f")
-glue("plan_h1_s", gpt3_h1.step_time_s, ".2f")
-glue("plan_gain", 100 * (gpt3_ofob.step_time_s / gpt3_h1.step_time_s - 1), ".0f")
+glue("plan_ofob_s", best["1f1b"].step_time_s, ".2f")
+glue("plan_h1_s", best["zb-h1"].step_time_s, ".2f")
+glue("plan_gain", 100 * (best["1f1b"].step_time_s / best["zb-h1"].step_time_s - 1), ".0f")
 
 # %% [markdown]
-# For GPT-3 the fastest layout's step drops from <span data-glue="plan_ofob_s">10.33</span>
-# s to <span data-glue="plan_h1_s">9.84</span> s, <span data-glue="plan_gain">5</span> %
-# faster, in the planner's model, which overlaps no communication with computation. For
-# Llama-3-8B, 1F1B's fastest layout does not fit under ZB-H1 (its later stages hold more
-# activations), and ZB-H1's own fastest is a little slower: the memory side of the trade.
-# ZBV and DualPipeV are not planned: they move half of every rank's layers to the other arm
+# The fastest layout's step drops from <span data-glue="plan_ofob_s">10.33</span> s to
+# <span data-glue="plan_h1_s">9.84</span> s, <span data-glue="plan_gain">5</span> % faster,
+# in the planner's model, which overlaps no communication with computation. The memory
+# side shows on a smaller model: plan Llama-3-8B on eight servers both ways, and 1F1B's fastest
+# layout no longer fits under ZB-H1, whose later stages hold more activations. ZBV and
+# DualPipeV are not planned: they move half of every rank's layers to the other arm
 # of the V, which the planner's count of memory per stage does not model.
 #
 # ## What's next

@@ -91,12 +91,11 @@ def test_zero_bubble_explorer_leaves_dualpipe_v_out_below_2p(capsys):
     from parlab.viz.widgets.zero_bubble import draw_zero_bubble
     import matplotlib.pyplot as plt
 
-    fig = draw_zero_bubble("zbv", 4, 6, 1.0, 1.0)
-    assert len(fig.axes) == 1
+    fig = draw_zero_bubble(4, 6, 1.0, 1.0)
+    assert len(fig.axes) == 3
     out = capsys.readouterr().out
-    assert "DualPipeV needs at least 2 x ranks = 8" in out and "zb-h1: bubble" in out
+    assert "DualPipeV needs at least 2 x ranks = 8" in out and "zb-h1: length" in out
     plt.close(fig)
-    assert draw_zero_bubble("dualpipev", 4, 6, 1.0, 1.0) is None
 
 
 def test_zero_bubble_durations_split_halves_the_passes_not_the_transfer():

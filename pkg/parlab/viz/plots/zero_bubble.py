@@ -25,16 +25,18 @@ _STYLES = {"1f1b": ("#DD8452", "^"), "zb-h1": ("#4C72B0", "o"), "zbv": ("#55A868
 def draw_timeline(t, ax, xmax: float | None = None) -> None:
     """One :class:`parlab.pipeline.Timeline`: ranks as rows, every action from its start to its
     end; colour = micro-batch, light F, middle B (input gradient), dark W; a V's second stage
-    on a rank hatched; boxes labelled where they are wide enough for a label."""
+    on a rank framed in black; boxes labelled where they are wide enough for a label."""
     prog = t.program
     span = xmax or t.makespan or 1.0
     for e in t.entries:
         a, width = e.action, e.end - e.start
-        ax.add_patch(Rectangle((e.start, e.rank - 0.42), width, 0.84,
+        second = prog.chunks > 1 and a.stage >= prog.stages
+        ax.add_patch(Rectangle((e.start, e.rank - (0.42 if not second else 0.3)), width,
+                               0.84 if not second else 0.72,
                                facecolor=_MB_COLORS[a.microbatch % len(_MB_COLORS)],
-                               alpha=_ALPHA[a.kind], lw=0.5, edgecolor="white",
-                               hatch="//" if prog.chunks > 1 and a.stage >= prog.stages else None))
-        if width > span / 50:  # narrower boxes unlabelled: colour and shade tell them apart
+                               alpha=_ALPHA[a.kind], lw=0.8 if second else 0.5,
+                               edgecolor="black" if second else "white"))
+        if width > span / 40:  # narrower boxes unlabelled: colour and shade tell them apart
             ax.text(e.start + width / 2, e.rank, action_code(a), ha="center", va="center",
                     fontsize=7, color="black" if a.kind == "F" else "white")
     ax.set_yticks(range(prog.stages), [f"rank {r}" for r in range(prog.stages)])
@@ -54,8 +56,8 @@ def schedules_figure(timelines: dict, passes: tuple | None = None):
     longest = max(t.makespan for t in timelines.values())
     first = next(iter(timelines.values())).program
     ranks = max(t.program.stages for t in timelines.values())
-    height = 0.9 + len(timelines) * (0.5 + 0.38 * ranks)
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, height), squeeze=False)
+    height = 0.8 + len(timelines) * (0.45 + 0.32 * ranks)
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, height), squeeze=False)
     for ax, t in zip(axes[:, 0], timelines.values()):
         draw_timeline(t, ax, longest)
     axes[-1, 0].set_xlabel("time (a V schedule's stage holds half a rank's layers: it takes "
@@ -64,8 +66,8 @@ def schedules_figure(timelines: dict, passes: tuple | None = None):
                                for k, label in (("F", "F forward"), ("I", "B input gradient"),
                                                 ("W", "W weight gradient"),
                                                 ("B", "E full backward (B + W)"))]
-                      + [Patch(facecolor="white", edgecolor="#555555", hatch="//",
-                               label="a V's second stage")],
+                      + [Patch(facecolor="white", edgecolor="black",
+                               label="a V's second stage (framed)")],
                       fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     times = "" if passes is None else (f"; per rank's stage F = {passes[0]:g}, "
                                        f"B = {passes[1]:g}, W = {passes[2]:g}")

@@ -1,5 +1,5 @@
-"""Chapter 09 explorer: 1F1B, ZB-H1, ZBV and DualPipeV for any ranks, micro-batches and
-times of B and W against F: each one's bubble, and the chosen one's Gantt chart."""
+"""Chapter 09 explorer: 1F1B, ZB-H1, ZBV and DualPipeV on one time axis, for any ranks,
+micro-batches and times of B and W against F, each with its bubble."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ __all__ = ["draw_zero_bubble", "zero_bubble_explorer", "EXPLORED"]
 EXPLORED = ("1f1b", "zb-h1", "zbv", "dualpipev")
 
 
-def draw_zero_bubble(schedule: str, ranks: int, microbatches: int, b: float, w: float):
+def draw_zero_bubble(ranks: int, microbatches: int, b: float, w: float):
     """Each schedule of :data:`EXPLORED` for the same model on ``ranks`` ranks with
     ``microbatches`` micro-batches, F = 1 and B = ``b``, W = ``w`` per rank's stage (a V's
-    stage takes half): every one's bubble, printed, and ``schedule``'s Gantt chart. DualPipeV
-    is left out below 2 x ranks micro-batches."""
+    stage takes half): every one's bubble, printed, and their Gantt charts on one time axis.
+    DualPipeV is left out below 2 x ranks micro-batches."""
     from parlab.viz.plots.zero_bubble import schedules_figure
 
     per_stage = Durations(1.0, b, w)
@@ -29,25 +29,21 @@ def draw_zero_bubble(schedule: str, ranks: int, microbatches: int, b: float, w: 
         timelines[name] = timeline(prog, per_stage.split(prog.chunks))
     base = timelines["1f1b"].makespan
     for name, t in timelines.items():
-        print(f"{name:>9}: bubble fraction {t.bubble_fraction:.3f}, idle per rank "
-              f"{t.idle[0]:g}, batch {base / t.makespan - 1:+.0%} faster than 1F1B")
-    if schedule not in timelines:
-        return None
-    return schedules_figure({schedule: timelines[schedule]}, tuple(per_stage[:3]))
+        print(f"{name:>9}: length {t.makespan:g}, idle per rank {t.idle[0]:g}, bubble fraction "
+              f"{t.bubble_fraction:.3f}, {base / t.makespan - 1:+.0%} against 1F1B")
+    return schedules_figure(timelines, tuple(per_stage[:3]))
 
 
-def zero_bubble_explorer(schedule: str = "zb-h1", ranks: int = 4, microbatches: int = 8,
-                         b: float = 1.0, w: float = 1.0) -> Explorer:
-    """A schedule, ranks, micro-batches, and B and W in units of F: every schedule's bubble
-    and the chosen one's Gantt chart."""
+def zero_bubble_explorer(ranks: int = 4, microbatches: int = 8, b: float = 1.0,
+                         w: float = 1.0) -> Explorer:
+    """Ranks, micro-batches, and B and W in units of F: the four schedules on one time axis."""
     import ipywidgets as wd
 
     controls = {
-        "schedule": wd.Dropdown(options=list(EXPLORED), value=schedule, description="schedule"),
         "ranks": wd.IntSlider(value=ranks, min=2, max=8, description="ranks"),
         "microbatches": wd.IntSlider(value=microbatches, min=2, max=32, description="micro-batches"),
         "b": wd.FloatSlider(value=b, min=0.5, max=2.0, step=0.25, description="B / F"),
         "w": wd.FloatSlider(value=w, min=0.25, max=2.0, step=0.25, description="W / F"),
     }
-    return explore(draw_zero_bubble, controls, "Zero-bubble explorer (schedule, ranks, "
-                   "micro-batches, B and W against F)")
+    return explore(draw_zero_bubble, controls, "Zero-bubble explorer (ranks, micro-batches, "
+                   "B and W against F)")
