@@ -95,7 +95,8 @@ glue("kept_share", demo.kept_share, "g")
 #
 # - **1F1B** (chapter 03): each stage alternates one forward with one full backward.
 # - **ZB-H1** (Qi et al., 2024): 1F1B's order with every backward split, B at once and W
-#   later; rank s holds back its first s W's and runs them at the end, where 1F1B idles.
+#   later; rank s keeps s W's pending, so each of its W's runs s backwards late and its last
+#   s run at the end, where 1F1B idles.
 # - **ZBV** (Qi et al.; PyTorch's `ScheduleZBVZeroBubble`): the V placement. The gradient
 #   turns round on the last rank, which holds the middle two stages, so the last rank's
 #   first backward starts right after its forward.
@@ -160,10 +161,11 @@ glue("gain_zbv", 100 * gains["zbv"], ".0f")
 # <span data-glue="gain_h1">22</span> % longer than ZB-H1's, and
 # <span data-glue="gain_zbv">29</span> % longer than ZBV's. The V schedules idle
 # <span data-glue="idle_zbv">1.5</span> (ZBV) and <span data-glue="idle_dpv">1.5</span>
-# (DualPipeV): with F = B = W they are idle only while the first forward reaches a rank and
-# after its last W, (p - 1) V stages' forwards, and each V stage takes half a rank's time.
-# With F&B run one pass after the other, DualPipeV here is ZBV's equal; its pairs pay off
-# where an overlap hides communication, which these ranks do not have.
+# (DualPipeV). With F = B = W, a ZBV rank is idle only while the first forward reaches it
+# and after its last W: (p - 1) V stages' forwards in all, each half a rank's time.
+# DualPipeV's idle time adds up to the same, though some of it falls between the pairs of
+# its middle phase. With F&B run one pass after the other it is no faster than ZBV here;
+# its pairs pay off where an overlap hides communication, which these ranks do not have.
 #
 # The cell below prints exercise 09.1's answer, with that exercise's times.
 
@@ -207,10 +209,9 @@ show(bubble_chart(measured))
 
 # %% [markdown]
 # More micro-batches shrink every bubble, because the fill and the drain stay the same
-# while the work grows; more ranks grow it, because the fill and drain grow with p. The
-# order of the schedules stays: 1F1B idles most, ZB-H1 less, the V schedules least. How
-# much W saves depends on how long W takes against F and B, which is why your machine's
-# times matter: where W is longer than F or B, ZB-H1's deferred W's overfill the gaps they
+# while the work grows; more ranks grow it, because the fill and drain grow with p. 1F1B
+# idles most, the schedules that split the backward less; which of them idles least depends
+# on how long W takes against F and B, which is why your machine's times matter: where W is longer than F or B, ZB-H1's deferred W's overfill the gaps they
 # were meant for, and it idles (p - 1)(F + B - min(F, B, W)) instead.
 #
 # What the paper reports is another matter. Qi et al.'s paper (2024) reports up to 23 % more
