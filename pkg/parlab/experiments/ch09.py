@@ -43,8 +43,8 @@ UNIT_PASSES = Durations(1.0, 1.0, 1.0)
 WIDE_NET = Network(widths=(128,) * 9, samples=64)
 #: The sweeps: micro-batches with p = ZB_RANKS, then ranks with SWEEP_MICROBATCHES
 #: micro-batches (DualPipeV needs 2p of them).
-BY_M = (8, 12, 16, 24, 32, 48, 64)
-BY_P = (2, 3, 4, 5, 6, 7, 8)
+BY_M = (8, 16, 32, 64)
+BY_P = (2, 4, 6, 8)
 SWEEP_MICROBATCHES = 16
 
 
