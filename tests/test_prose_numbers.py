@@ -46,6 +46,7 @@ TYPED = {
     "06": {},
     "07": {"80 GB": "the GPU the chapter sizes against, a given like the model's name"},
     "08": {},
+    "09": {},
 }
 
 

@@ -6,7 +6,9 @@ prints as one line. The checkers compute their answers from real runs and calcul
 they may import any subpackage; nothing imports them.
 """
 
-from parlab.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08  # noqa: F401
+from parlab.exercises import (  # noqa: F401
+    ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09
+)
 from parlab.exercises.registry import Verdict, check, list_exercises
 
 __all__ = ["check", "list_exercises", "Verdict"]

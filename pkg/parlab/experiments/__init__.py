@@ -12,7 +12,8 @@ and cons, each with a number), ``ch05_copies`` (GPUs per model copy, chapter 01 
 chapter 05), ``ch06`` (every ZeRO stage and FSDP2 on logged ranks, in one table), ``ch07`` (an
 MoE layer routed token by token, split over logged ranks, and its capacity trade-off),
 ``ch08`` (one sequence split over ranks by ring, all-gather and Ulysses attention, with its
-bytes and its causal work per rank).
+bytes and its causal work per rank), ``ch09`` (the split backward on one stage, the
+zero-bubble schedules simulated side by side and trained on real ranks, F, B and W timed).
 
 What a user would reuse (the mechanisms, layers and closed forms) lives in the strategy
 subpackages; this layer runs them for one chapter and registers the figure recipes
@@ -47,6 +48,11 @@ from parlab.experiments.ch08 import (
     memory_by_sequence, memory_by_sequence_chart, MethodRun, ring_steps, run_sequence_parallel,
     SequenceParallelRun, SP_CONFIG
 )
+from parlab.experiments.ch09 import (
+    BY_M, BY_P, bubble_chart, bubble_sweep, measure_passes, memory_table, RealRuns, run_real,
+    schedule_timelines, schedules_chart, speedups, split_backward_demo, SplitDemo,
+    SWEEP_MICROBATCHES, UNIT_PASSES, WIDE_NET, ZB_MICROBATCHES, ZB_RANKS, ZB_SCHEDULES
+)
 from parlab.experiments.ch07 import (
     balancing_runs, capacity_sweep, example_layer, example_tokens, EXAMPLE, ExpertRun, RANKS, routing_table,
     run_expert_layer, TOKENS
@@ -69,4 +75,7 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units", "SP_CONFIG", "SequenceParallelRun",
            "run_sequence_parallel", "MEMORY_LAYOUTS", "MEMORY_LENGTHS", "memory_by_sequence",
            "memory_by_sequence_chart",
-           "run_expert_layer", "balancing_runs"]
+           "run_expert_layer", "balancing_runs", "ZB_SCHEDULES", "ZB_RANKS", "ZB_MICROBATCHES",
+           "UNIT_PASSES", "WIDE_NET", "schedule_timelines", "schedules_chart", "speedups",
+           "SplitDemo", "split_backward_demo", "measure_passes", "bubble_sweep", "bubble_chart",
+           "BY_M", "BY_P", "SWEEP_MICROBATCHES", "memory_table", "RealRuns", "run_real"]

@@ -49,6 +49,11 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
 - **Pipeline**: ``schedule`` 1F1B (or GPipe): a step of m micro-batches over pp stages lasts
   (m + pp - 1) slots, i.e. the busy time divided by 1 - bubble fraction, with the bubble
   fraction (pp-1)/(m+pp-1) of :func:`bubble_fraction`, checked against the simulator.
+  ``"zb-h1"`` (Qi et al. 2024, chapter 09) splits each backward into B (input gradient) and
+  W (weight gradient), taken as long as the forward each (one matrix product per weight,
+  like the forward's), and defers W into the bubble: see :func:`bubble_fraction`. ZBV and
+  DualPipeV are not planned: they move layers into a V, which the per-stage memory count
+  does not model.
 - **Communication per micro-batch and stage** (nothing overlapped with compute: a
   conservative, simple model): Megatron's tensor parallelism all-reduces b x s x d values
   twice per block forward and twice backward, over the tensor group's link (NVLink); the
@@ -179,11 +184,20 @@ def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float
     """Idle share of a pipeline's (GPU, slot) cells: (p-1)/(m+p-1) for GPipe and 1F1B.
 
     The same number :func:`parlab.pipeline.simulator` counts on the real schedule (a test
-    holds the two together); 1F1B changes the memory, not the bubble.
+    holds the two together); 1F1B changes the memory, not the bubble. ZB-H1, with F = B = W
+    (one unit each; a micro-batch's work is 3 on every stage): the step lasts
+    max(3m + p - 1, 2m + 2p - 1) units. From m = p on that is 3m of work and Qi et al.'s
+    (p-1)(F+B-W) = p - 1 of idle time per rank; with fewer micro-batches than stages, too
+    few W's are left to fill the fill and drain, and the step lasts 2m + 2p - 1, as the
+    event-driven simulator (:func:`parlab.pipeline.timeline`) counts it (a test holds the
+    two together).
     """
     if schedule not in memory.ESTIMATED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of "
                          f"{list(memory.ESTIMATED_SCHEDULES)}")
     check_count("pp", pp)
     check_count("microbatches", microbatches)
+    if schedule == "zb-h1":
+        m = microbatches
+        return 1 - 3 * m / max(3 * m + pp - 1, 2 * m + 2 * pp - 1)
     return (pp - 1) / (microbatches + pp - 1)

@@ -21,8 +21,11 @@ from parlab.units import GB, format_bytes
 __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "check_capacity",
            "check_schedule", "describe_setup"]
 
-#: micro-batches whose activations the first pipeline stage holds at once: GPipe all m, 1F1B p
-ESTIMATED_SCHEDULES = ("1f1b", "gpipe")
+#: The schedules whose activations the estimate counts. Micro-batches stage k holds at once:
+#: GPipe all m, 1F1B min(pp - k, m), ZB-H1 (Qi et al. 2024; chapter 09) min(pp, m) on every
+#: stage, its first stage's as 1F1B's, the later ones holding back W's whose activations
+#: stay (counted whole, as chapter 09's executor keeps them until W).
+ESTIMATED_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class Setup(NamedTuple):
     def in_flight(self, stage: int) -> int:
         if self.schedule == "gpipe":
             return self.microbatches
+        if self.schedule == "zb-h1":
+            return min(self.pp, self.microbatches)
         return min(self.pp - stage, self.microbatches)
 
 

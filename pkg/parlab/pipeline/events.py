@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from parlab.checks import check_count
 from parlab.pipeline.programs import Program, actions_of, pair_parts
 from parlab.pipeline.schedules import Action, check_placed, Schedule
 
@@ -56,6 +57,15 @@ class Durations(NamedTuple):
     def steps(cls) -> "Durations":
         """Chapter 03's time step: F and the full backward one step each, transfers free."""
         return cls(1.0, 0.5, 0.5, 0.0)
+
+    def split(self, chunks: int) -> "Durations":
+        """These times, given for one rank's share of the model, for one of the ``chunks``
+        equal stages it holds (a V: 2, each half a rank's layers): F, B, W and F&B divided by
+        ``chunks``; a transfer stays one transfer (the same activation crosses the link)."""
+        check_count("chunks", chunks, "stages per rank")
+        overlap = None if self.overlap is None else self.overlap / chunks
+        return Durations(self.F / chunks, self.B / chunks, self.W / chunks, self.transfer,
+                         overlap)
 
     def of(self, kind: str) -> float:
         """The duration of an action of ``kind`` (PyTorch's code: F, I, W, or B for B + W)."""
@@ -216,6 +226,9 @@ def timeline(prog: Program, durations: Durations | None = None) -> Timeline:
     if not isinstance(prog, Program):
         raise ValueError(f"timeline needs a Program (from parlab.pipeline.program or "
                          f"program_from_order), got {type(prog).__name__}")
+    if durations is not None and not isinstance(durations, Durations):
+        raise ValueError(f"durations must be a parlab.pipeline.Durations (F, B, W, transfer, "
+                         f"overlap), such as Durations(F=1, B=1, W=1), got {durations!r}")
     durations = (durations or Durations()).check()
     present = _check(prog)
     K = prog.virtual_stages

@@ -21,8 +21,10 @@ def _chunk(sim, stage: int) -> str:
 
 
 #: The letter of each action kind in the short code: F forward, E backward (the book's
-#: backward step computes the error E_i and the gradient G_i). Not B: B1 is a GPU.
-ACTION_CODES = {"F": "F", "B": "E"}
+#: backward step computes the error E_i and the gradient G_i). Not B: B1 is a GPU. A split
+#: backward (chapter 09, whose ranks have no GPU names) is Qi et al.'s B (the input gradient,
+#: PyTorch's code "I") and W (the weight gradient): B1 + W1 is E1.
+ACTION_CODES = {"F": "F", "B": "E", "I": "B", "W": "W"}
 
 
 def action_code(action, sim=None) -> str:

@@ -95,9 +95,6 @@ def program(name: str, stages: int = 4, microbatches: int = 8, chunks: int | Non
             raise ValueError(f"{name!r} cuts the model into {stages * own} stages of whole "
                              f"layers, and {layers} layers do not split so; use a multiple of "
                              f"{stages * own} layers")
-    if name == "dualpipev" and microbatches < 2 * stages:
-        raise ValueError(f"DualPipeV needs at least 2 x ranks = {2 * stages} micro-batches "
-                         f"(one per stage of the V), got microbatches={microbatches}")
     lanes = {rank: [order] for rank, order in generate(stages, microbatches).items()}
     return Program(name, stages, microbatches, own, placement, lanes, 1.0 / own)
 

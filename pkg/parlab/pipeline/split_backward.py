@@ -75,6 +75,11 @@ class SplitBackward:
     """
 
     def __init__(self, modules: dict):
+        if not isinstance(modules, dict) or not all(isinstance(m, torch.nn.Module)
+                                                    for m in modules.values()):
+            raise ValueError(f"SplitBackward needs the stages a rank holds as a dict "
+                             f"{{stage: torch.nn.Module}}, such as {{0: stage}}, got "
+                             f"{type(modules).__name__}")
         self._noted: list | None = None
         self._handles = [sub.register_forward_hook(self._note)
                          for module in modules.values() for sub in weight_modules(module)]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from parlab.checks import check_count
 from parlab.pipeline.schedules import Action
 
 __all__ = ["v_stages", "zb_h1", "zbv", "dualpipe_v", "ZERO_BUBBLE"]
@@ -50,11 +51,20 @@ __all__ = ["v_stages", "zb_h1", "zbv", "dualpipe_v", "ZERO_BUBBLE"]
 
 def v_stages(rank: int, ranks: int) -> tuple[int, int]:
     """The two stages rank ``rank`` holds in a V placement on ``ranks`` ranks: r and 2p-1-r."""
+    check_count("ranks", ranks, "pipeline ranks")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+        raise ValueError(f"rank must be one of 0 to {ranks - 1} on {ranks} ranks, got {rank!r}")
     return rank, 2 * ranks - 1 - rank
+
+
+def _counts(p, m) -> None:
+    check_count("p", p, "pipeline ranks")
+    check_count("m", m, "micro-batches per batch")
 
 
 def zb_h1(p: int, m: int) -> dict[int, list[Action]]:
     """ZB-H1 (Qi et al. 2024, §2.1): 1F1B with W split off, rank s deferring its first s W's."""
+    _counts(p, m)
     programs = {}
     for s in range(p):
         warmup = min(p - 1 - s, m)  # as 1F1B
@@ -83,6 +93,7 @@ def zbv(p: int, m: int) -> dict[int, list[Action]]:
     Built for at least 2p - 1 micro-batches, as PyTorch builds it; with fewer, the actions
     of the micro-batches that do not exist are left out, as PyTorch leaves them out.
     """
+    _counts(p, m)
     n = max(2 * p - 1, m)
     programs = {}
     for r in range(p):
@@ -126,7 +137,22 @@ def dualpipe_v(p: int, m: int) -> dict[int, list]:
     ``OVERLAP_F_B`` holds them.
     A backward split into "I" queues its "W"; a "W" step runs the oldest queued one, and
     does nothing when none is queued (as PyTorch; DeepSeek's code asserts there is one).
+
+    Fewer than 2p micro-batches is a ValueError: the first phases alone start 2p forwards
+    on the last rank, as DeepSeek's code and PyTorch's ``ScheduleDualPipeV`` require.
+
+    An odd number of ranks is accepted, on purpose. DeepSeek's README asks for an even PP,
+    but PP counts *stages*, and a V on p ranks has 2p of them, even for any p; DeepSeek's
+    ``dualpipev.py`` and PyTorch's ``ScheduleDualPipeV`` both build and run DualPipeV on 3
+    ranks, and so does this one (a test compares its order with PyTorch's on 3 ranks).
+    Refusing it would refuse what both reference implementations accept. (The original,
+    bidirectional DualPipe, with its two copies of every stage, is the one whose ranks must
+    pair up: it is not built here.)
     """
+    _counts(p, m)
+    if m < 2 * p:
+        raise ValueError(f"DualPipeV needs at least 2 x ranks = {2 * p} micro-batches (one per "
+                         f"stage of the V), got microbatches={m}")
     programs = {}
     for r in range(p):
         down, up = v_stages(r, p)

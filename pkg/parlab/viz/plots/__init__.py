@@ -26,6 +26,9 @@ from parlab.viz.plots.experts import balance_figure, capacity_figure, dispatch_m
 from parlab.viz.plots.context import (
     causal_work_figure, memory_by_sequence_figure, ring_steps_figure
 )
+from parlab.viz.plots.zero_bubble import (
+    bubble_figure, draw_timeline, measured_figure, schedules_figure
+)
 from parlab.viz.plots.sharded import (
     zero3_timeline_figure, zero_memory_figure, zero_scaling_figure, zero_traffic_figure
 )
@@ -38,4 +41,5 @@ __all__ = ["ring_steps_figure", "causal_work_figure", "memory_by_sequence_figure
            "memory_figure", "format_bytes", "layouts_figure", "placement_figure", "cnn_figure",
            "traffic_3d_figure", "steps_figure", "bytes_per_rank_figure", "zero_memory_figure",
            "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "trace_figure",
-           "dispatch_matrix_figure", "capacity_figure", "balance_figure"]
+           "dispatch_matrix_figure", "capacity_figure", "balance_figure", "draw_timeline",
+           "schedules_figure", "bubble_figure", "measured_figure"]

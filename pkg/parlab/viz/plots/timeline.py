@@ -36,14 +36,14 @@ def _tracks(trace) -> dict:
 
 def _style(event) -> tuple[str, float, str]:
     """(colour, alpha, label) of one span: compute by micro-batch (light F1, dark E1, as in
-    the Gantt chart), communication by operation."""
+    the Gantt chart; a split backward's B1 middle, its W1 dark), communication by operation."""
     args = event.get("args", {})
     if event.get("cat") == "communication":
         return _COMM.get(args.get("op"), _OTHER_COMM), 0.9, ""
-    if "microbatch" in args and args.get("kind") in ("F", "B"):
+    if "microbatch" in args and args.get("kind") in ("F", "B", "I", "W"):
         color = _MB_COLORS[args["microbatch"] % len(_MB_COLORS)]
         label = action_code(Action(args.get("stage", 0), args["kind"], args["microbatch"]))
-        return color, 0.45 if args["kind"] == "F" else 0.95, label
+        return color, {"F": 0.45, "I": 0.7}.get(args["kind"], 0.95), label
     return _COMPUTE, 0.7, ""
 
 

@@ -14,7 +14,8 @@ from parlab.viz.widgets.planner import planner_explorer
 from parlab.viz.widgets.sharded import zero_explorer
 from parlab.viz.widgets.experts import expert_explorer
 from parlab.viz.widgets.context import context_explorer
+from parlab.viz.widgets.zero_bubble import zero_bubble_explorer
 
 __all__ = ["context_explorer", "memory_explorer", "energy_explorer", "scaling_explorer", "step_explorer",
            "compare_explorer", "attention_explorer", "shard_memory_explorer", "planner_explorer",
-           "zero_explorer", "expert_explorer"]
+           "zero_explorer", "expert_explorer", "zero_bubble_explorer"]
