@@ -187,8 +187,9 @@ def estimate_module(s: Setup, label: str) -> Breakdown:
     Each stage holds the model states of its parameters
     (:func:`parlab.memory.model_state_bytes`, sharded by ``zero``; every parameter counts as
     trained; buffers are not counted) and, per micro-batch in flight on it (as for a config:
-    1F1B min(pp - k, m), GPipe m, ZB-H1 min(pp, m)), what its children saved; with ``recompute="full"``, each
-    child's input per micro-batch and one child rebuilt. The label ends with ", stage k".
+    1F1B min(pp - k, m), GPipe m, ZB-H1 min(pp, m)), what its children saved; with
+    ``recompute="full"``, each child's input per micro-batch and one child rebuilt. The label
+    ends with ", stage k".
     """
     trace = trace_module(s.model, s.inputs, s.micro_batch, s.precision.dtype, s.loss_fn)
     return _price(s, trace, label)
