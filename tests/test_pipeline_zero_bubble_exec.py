@@ -125,22 +125,25 @@ def test_zbv_and_dualpipe_v_pytorch_gives_our_losses_gradients_and_order(runs, t
     assert ours.order(0) == planned
 
 
-def test_zbv_and_dualpipe_v_on_the_toy_backend_send_what_the_log_says(one_process):
+def test_zero_bubble_zbv_and_dualpipe_v_on_the_toy_backend_send_what_the_log_says(
+        one_process):
     """The toy backend's own record: per step, the messages each rank sent are the log's
     transfers (2 samples x the boundary's width x 8 bytes), and the gradients equal one
-    process's."""
-    progs = [program("zbv", 2, 4), program("dualpipev", 2, 4)]
-    for run in execute_programs(progs, NET, LR, 1, backend="toy"):
+    process's: ZB-H1 (2 stages of 4 layers), ZBV and DualPipeV (4 stages of 2)."""
+    progs = [program("zb-h1", 2, 4), program("zbv", 2, 4), program("dualpipev", 2, 4)]
+    for prog, run in zip(progs, execute_programs(progs, NET, LR, 1, backend="toy")):
+        per_stage = (len(NET.widths) - 1) // prog.virtual_stages
         for r, log in enumerate(run.events[0]):
             by_step = {}
             for e in log:
                 if e.sent:
-                    width = NET.widths[2 * (min(e.sent.src_stage, e.sent.dst_stage) + 1)]
+                    boundary = min(e.sent.src_stage, e.sent.dst_stage) + 1
+                    width = NET.widths[per_stage * boundary]
                     by_step.setdefault(e.step, []).append((r, e.sent.dst, 2 * width * 8))
             logged = {s + 1: [(m.src, m.dst, m.nbytes) for m in msgs]
                       for s, msgs in enumerate(run.traffic[0][r]) if msgs}
-            assert logged == by_step
-        assert largest_difference(run.grads[0], one_process[1][0]) < TOLERANCE
+            assert by_step and logged == by_step, (prog.name, r)
+        assert largest_difference(run.grads[0], one_process[1][0]) < TOLERANCE, prog.name
 
 
 @pytest.mark.parametrize("first_stage", [True, False])
