@@ -73,11 +73,10 @@ glue("block_pairs", (seq // CONTEXT_RANKS) ** 2)
 # Llama-3-8B block (given the longer context of Llama-3.1-8B) and one sequence, in bf16:
 
 # %%
+from parlab.experiments import LLAMA_31_8B as llama
 from parlab.memory import block_activations
-from parlab.models import get_config
 from parlab.units import format_bytes
 
-llama = get_config("Llama-3-8B").replace(name="Llama-3.1-8B", context=131072)
 for tokens in (8192, 32768, 131072):
     per_block = sum(block_activations(llama, 1, tokens, "bf16").values())
     print(f"{tokens:>7,} tokens: {format_bytes(per_block)} per block, "

@@ -4,10 +4,11 @@
 work), ``blocks`` (attention one key/value block at a time, merged by log-sum-exp, and its
 backward), ``ring`` (ring attention: key/value blocks travel round the ranks, forward and
 backward), ``allgather`` (Llama 3's: every rank all-gathers K and V, backward a
-reduce-scatter) and ``ulysses`` (DeepSpeed-Ulysses: an all-to-all trades the sequence split
-for a head split, and another trades it back), ``apply`` (any of the three put into a GPT or
-Llama model in place of its attention core, with the shard's positions). Each strategy also counts its bytes per rank
-(``ring_bytes``, ``all_gather_bytes``, ``ulysses_bytes``). Imports :mod:`parlab.comm` and :mod:`parlab.models`.
+reduce-scatter), ``ulysses`` (DeepSpeed-Ulysses: an all-to-all trades the sequence split
+for a head split, and another trades it back) and ``apply`` (any of the three put into a GPT
+or Llama model in place of its attention core, with the shard's positions). Each strategy
+also counts its bytes per rank (``ring_bytes``, ``all_gather_bytes``, ``ulysses_bytes``).
+Imports :mod:`parlab.comm` and :mod:`parlab.models`.
 """
 
 from parlab.context_parallel.layouts import LAYOUTS, causal_pairs, positions, shard, unshard

@@ -71,11 +71,11 @@ def block_backward(q, k, v, q_pos, k_pos, causal: bool, scale: float, grad_out, 
 
 
 def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              group=False) -> None:
+              group=None) -> None:
     """q ``(batch, H, tokens, d_head)``; k and v ``(batch, H_kv, tokens, d_head)`` with
     ``H_kv`` dividing ``H`` (grouped-query attention: query head h uses key/value head
-    ``h // (H / H_kv)``, as ``repeat_interleave`` and SDPA's ``enable_gqa`` do). With a
-    ``group`` (None: the world), every rank of it must pass the same shapes: checked by one
+    ``h // (H / H_kv)``, as ``repeat_interleave`` and SDPA's ``enable_gqa`` do). Inside ranks,
+    every rank of ``group`` (None: the world) must pass the same shapes: checked by one
     small exchange on a gloo group beside it, outside the traffic the method is measured by."""
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or \
             (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]):
@@ -85,7 +85,7 @@ def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{name}: {k.shape[1]} key/value heads do not divide the "
                          f"{q.shape[1]} query heads (grouped-query attention needs H % H_kv == 0)")
-    if group is not False and dist.is_initialized():
+    if dist.is_initialized():
         _check_same_shapes(name, q, k, group)
 
 

@@ -73,6 +73,16 @@ def _visible(q_pos, k_pos, causal):
             (k_pos <= q_pos.max()).nonzero().flatten())
 
 
+def _rectangle(q, kv, q_pos, k_pos, causal):
+    """(rows, cols, k, v) of the block held at this step: the visible rectangle
+    (:func:`_visible`) and its key/value columns, heads repeated for grouped-query
+    attention; None when no query sees any key of the block."""
+    rows, cols = _visible(q_pos, k_pos, causal)
+    if not (len(rows) and len(cols)):
+        return None
+    return rows, cols, _heads(kv[0][..., cols, :], q), _heads(kv[1][..., cols, :], q)
+
+
 class _RingAttention(Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, scale, group):
@@ -87,11 +97,11 @@ class _RingAttention(Function):
             if step < n - 1:
                 incoming, requests = _exchange(kv, group, _KV_TAG)
             k_pos = owners[(r - step) % n]
-            rows, cols = _visible(q_pos, k_pos, causal)
-            if len(rows) and len(cols):
-                part = block_forward(q[..., rows, :], _heads(kv[0][..., cols, :], q),
-                                     _heads(kv[1][..., cols, :], q), q_pos[rows], k_pos[cols],
-                                     causal, scale)
+            block = _rectangle(q, kv, q_pos, k_pos, causal)
+            if block:
+                rows, cols, k_block, v_block = block
+                part = block_forward(q[..., rows, :], k_block, v_block, q_pos[rows],
+                                     k_pos[cols], causal, scale)
                 o, l = merge(out[..., rows, :], lse[..., rows], *part)
                 out, lse = out.index_copy(-2, rows, o), lse.index_copy(-1, rows, l)
             if step < n - 1:
@@ -116,12 +126,11 @@ class _RingAttention(Function):
             if step < n - 1:
                 incoming, requests = _exchange(kv, group, _KV_TAG)
             k_pos = owners[(r - step) % n]
-            rows, cols = _visible(q_pos, k_pos, causal)
-            if len(rows) and len(cols):
-                dq, dk, dv = block_backward(q[..., rows, :], _heads(kv[0][..., cols, :], q),
-                                            _heads(kv[1][..., cols, :], q), q_pos[rows],
-                                            k_pos[cols],
-                                            causal, scale, grad_out[..., rows, :],
+            block = _rectangle(q, kv, q_pos, k_pos, causal)
+            if block:
+                rows, cols, k_block, v_block = block
+                dq, dk, dv = block_backward(q[..., rows, :], k_block, v_block, q_pos[rows],
+                                            k_pos[cols], causal, scale, grad_out[..., rows, :],
                                             lse[..., rows], delta[..., rows])
                 grad_q.index_add_(-2, rows, dq)
                 grad_kv[0].index_add_(-2, cols, _fold(dk, k))

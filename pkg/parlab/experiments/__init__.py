@@ -44,7 +44,8 @@ from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, dep
 from parlab.experiments.ch06 import stage_table
 from parlab.experiments.ch08 import (
     block_units, causal_work, causal_work_chart, compare_methods, context_inputs,
-    CONTEXT_METHODS, CONTEXT_RANKS, CONTEXT_SHAPE, MEMORY_LAYOUTS, MEMORY_LENGTHS,
+    CONTEXT_METHODS, CONTEXT_RANKS, CONTEXT_SHAPE, LLAMA_31_8B, MEMORY_LAYOUTS, MEMORY_LENGTHS,
+    MEMORY_MODELS,
     memory_by_sequence, memory_by_sequence_chart, MethodRun, ring_steps, run_sequence_parallel,
     SequenceParallelRun, SP_CONFIG
 )
@@ -73,7 +74,8 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
            "CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
            "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units", "SP_CONFIG", "SequenceParallelRun",
-           "run_sequence_parallel", "MEMORY_LAYOUTS", "MEMORY_LENGTHS", "memory_by_sequence",
+           "run_sequence_parallel", "MEMORY_LAYOUTS", "MEMORY_LENGTHS", "MEMORY_MODELS",
+           "LLAMA_31_8B", "memory_by_sequence",
            "memory_by_sequence_chart",
            "run_expert_layer", "balancing_runs", "ZB_SCHEDULES", "ZB_RANKS", "ZB_MICROBATCHES",
            "UNIT_PASSES", "WIDE_NET", "schedule_timelines", "schedules_chart", "speedups",

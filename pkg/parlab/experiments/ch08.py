@@ -33,7 +33,8 @@ from parlab.viz.plots import causal_work_figure, memory_by_sequence_figure, ring
 __all__ = ["CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
            "compare_methods", "causal_work", "block_units", "ring_steps", "causal_work_chart",
            "SP_CONFIG", "SequenceParallelRun", "run_sequence_parallel", "MEMORY_LENGTHS",
-           "MEMORY_LAYOUTS", "memory_by_sequence", "memory_by_sequence_chart"]
+           "MEMORY_LAYOUTS", "MEMORY_MODELS", "LLAMA_31_8B", "memory_by_sequence",
+           "memory_by_sequence_chart"]
 
 CONTEXT_METHODS = {"ring": ring_attention, "all-gather": all_gather_attention,
            "ulysses": ulysses_attention}
@@ -230,6 +231,9 @@ def causal_work_chart():
     return causal_work_figure(causal_work(), *block_units())
 
 
+#: Llama-3-8B's weights with the 128K context of Llama 3.1 (the chapter's long-context model).
+LLAMA_31_8B = get_config("Llama-3-8B").replace(name="Llama-3.1-8B", context=131072)
+
 #: The sequence lengths of the memory figure: Llama 3's 8K pre-training up to its 128K stage.
 MEMORY_LENGTHS = (8192, 16384, 32768, 65536, 131072)
 
@@ -257,10 +261,8 @@ MEMORY_LAYOUTS = {
 }
 
 
-def _memory_model(name: str):
-    if name.startswith("Llama-3.1-8B"):
-        return get_config("Llama-3-8B").replace(name="Llama-3.1-8B", context=131072)
-    return get_config("Llama-3.1-405B")
+#: The config behind each panel of :data:`MEMORY_LAYOUTS`.
+MEMORY_MODELS = dict(zip(MEMORY_LAYOUTS, (LLAMA_31_8B, get_config("Llama-3.1-405B"))))
 
 
 def memory_by_sequence(lengths=MEMORY_LENGTHS) -> dict:
@@ -268,7 +270,7 @@ def memory_by_sequence(lengths=MEMORY_LENGTHS) -> dict:
     (:data:`MEMORY_LAYOUTS`): the busiest GPU of each layout."""
     out = {}
     for model, layouts in MEMORY_LAYOUTS.items():
-        config, out[model] = _memory_model(model), {}
+        config, out[model] = MEMORY_MODELS[model], {}
         for label, split in layouts.items():
             dp = split.get("dp", 1)
             micro = 16 if split.get("pp", 1) > 1 else 1
