@@ -164,6 +164,12 @@ def test_sequence_context_estimate_bad_input_is_named(kwargs, match):
         estimate("Llama-3-8B", (8, 8192), "adam", "bf16", tp=8, **kwargs)
 
 
+def test_sequence_context_methods_are_named_alike_by_the_calculator_and_the_strategy():
+    from parlab.memory import CP_METHODS as COUNTED
+
+    assert tuple(CP_METHODS) == COUNTED
+
+
 def test_sequence_context_parallel_needs_a_transformer():
     with pytest.raises(ValueError, match="split a transformer config's sequence"):
         estimate(SmallCNN(), (4, 3, 32, 32), cp=2)

@@ -44,7 +44,7 @@ from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, dep
 from parlab.experiments.ch06 import stage_table
 from parlab.experiments.ch08 import (
     block_units, causal_work, causal_work_chart, compare_methods, context_inputs,
-    CONTEXT_METHODS, CONTEXT_RANKS, CONTEXT_SHAPE, LLAMA_31_8B, MEMORY_LAYOUTS, MEMORY_LENGTHS,
+    CONTEXT_RANKS, CONTEXT_SHAPE, LLAMA_31_8B, MEMORY_LAYOUTS, MEMORY_LENGTHS,
     MEMORY_MODELS,
     memory_by_sequence, memory_by_sequence_chart, MethodRun, ring_steps, run_sequence_parallel,
     SequenceParallelRun, SP_CONFIG
@@ -72,7 +72,7 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "strategy_explorer", "SummaryRow", "summary_table", "summary_text", "CopySize",
            "copy_sizes", "copy_table", "depth_table", "stage_table", "EXAMPLE", "RANKS", "TOKENS",
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
-           "CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
+           "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
            "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units", "SP_CONFIG", "SequenceParallelRun",
            "run_sequence_parallel", "MEMORY_LAYOUTS", "MEMORY_LENGTHS", "MEMORY_MODELS",
            "LLAMA_31_8B", "memory_by_sequence",

@@ -19,8 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from parlab.checks import check_choice, check_count
 from parlab.context_parallel import (
-    all_gather_attention, all_gather_bytes, causal_pairs, LAYOUTS, ring_attention, ring_bytes,
-    ring_schedule, shard, ulysses_attention, ulysses_bytes, unshard
+    all_gather_bytes, causal_pairs, CP_METHODS, LAYOUTS, ring_attention, ring_bytes,
+    ring_schedule, shard, ulysses_bytes, unshard
 )
 from parlab.launch import run
 from parlab.hardware import GPU_MEMORY_GB
@@ -30,14 +30,12 @@ from parlab.tensor_parallel import TensorParallelBlock
 from parlab.viz import figure
 from parlab.viz.plots import causal_work_figure, memory_by_sequence_figure, ring_steps_figure
 
-__all__ = ["CONTEXT_METHODS", "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
+__all__ = ["CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
            "compare_methods", "causal_work", "block_units", "ring_steps", "causal_work_chart",
            "SP_CONFIG", "SequenceParallelRun", "run_sequence_parallel", "MEMORY_LENGTHS",
            "MEMORY_LAYOUTS", "MEMORY_MODELS", "LLAMA_31_8B", "memory_by_sequence",
            "memory_by_sequence_chart"]
 
-CONTEXT_METHODS = {"ring": ring_attention, "all-gather": all_gather_attention,
-           "ulysses": ulysses_attention}
 #: (batch, heads, tokens, d_head) of the chapter's example, and its number of ranks.
 CONTEXT_SHAPE, CONTEXT_RANKS = (1, 4, 16, 4), 4
 
@@ -81,22 +79,22 @@ def _methods_rank(methods, shape, kv_heads, causal, layout):
     for m in methods:
         local = [shard(t, r, n, layout) for t in (q, k, v)]
         with torch.no_grad():
-            CONTEXT_METHODS[m](*local, causal=causal, layout=layout, group=groups[m, "forward"])
+            CP_METHODS[m](*local, causal=causal, layout=layout, group=groups[m, "forward"])
         local = [t.requires_grad_() for t in local]
-        out = CONTEXT_METHODS[m](*local, causal=causal, layout=layout, group=groups[m, "both"])
+        out = CP_METHODS[m](*local, causal=causal, layout=layout, group=groups[m, "both"])
         (out * shard(w, r, n, layout)).sum().backward()
         results[m] = (out.detach(), *(t.grad for t in local))
     return results
 
 
-def compare_methods(methods=tuple(CONTEXT_METHODS), shape=CONTEXT_SHAPE,
+def compare_methods(methods=tuple(CP_METHODS), shape=CONTEXT_SHAPE,
                     kv_heads: int | None = None,
                     world: int = CONTEXT_RANKS, causal: bool = True,
                     layout: str = "contiguous",
                     backend: str = "toy") -> list[MethodRun]:
     """Run each method on ``world`` ranks in one launch; compare with one process."""
     for m in methods:
-        check_choice("method", m, tuple(CONTEXT_METHODS))
+        check_choice("method", m, tuple(CP_METHODS))
     check_choice("layout", layout, LAYOUTS)
     check_count("world", world)
     ranks = run(_methods_rank, world, tuple(methods), shape, kv_heads, causal, layout,
