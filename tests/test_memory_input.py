@@ -65,7 +65,8 @@ def test_split_degrees_must_be_positive_ints(argument, value):
     (dict(optimizer=None), r"unknown optimizer None; choose one of \['sgd', 'momentum', 'adam'\]"),
     (dict(optimizer=["adam"]), "unknown optimizer"),
     (dict(precision=None), r"unknown precision None; choose one of \['fp32', 'fp16', 'bf16'\]"),
-    (dict(schedule=None), r"unknown schedule None; choose one of \['1f1b', 'gpipe', 'zb-h1'\]"),
+    (dict(schedule=None), r"unknown schedule None; choose one of \['1f1b', 'gpipe', 'zb-h1', 'zbv',"
+         r" 'dualpipev'\]"),
     (dict(schedule=["gpipe"]), "unknown schedule"),
     (dict(model="GPT-5"), "unknown model 'GPT-5'; known:"),
 ])

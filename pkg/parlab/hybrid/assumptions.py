@@ -51,9 +51,13 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   fraction (pp-1)/(m+pp-1) of :func:`bubble_fraction`, checked against the simulator.
   ``"zb-h1"`` (Qi et al. 2024, chapter 09) splits each backward into B (input gradient) and
   W (weight gradient), taken as long as the forward each (one matrix product per weight,
-  like the forward's), and defers W into the bubble: see :func:`bubble_fraction`. ZBV and
-  DualPipeV are not planned: they move layers into a V, which the per-stage memory count
-  does not model.
+  like the forward's), and defers W into the bubble: see :func:`bubble_fraction`. ``"zbv"``
+  and ``"dualpipev"`` (chapter 09) place 2 pp chunks in a V, rank r holding chunks r and
+  2 pp - 1 - r, so rank 0 holds the embeddings and the head; memory is counted per rank
+  (:func:`parlab.memory.estimate`), each micro-batch crosses the pipeline's links twice as
+  often (two chunks per rank send their activation and gradient), and layouts a V cannot
+  run are skipped: 2 pp above the layers, or DualPipeV's m below 2 pp. DualPipe itself
+  (both directions, two copies of the parameters) is not offered.
 - **Communication per micro-batch and stage** (nothing overlapped with compute: a
   conservative, simple model): Megatron's tensor parallelism all-reduces b x s x d values
   twice per block forward and twice backward, over the tensor group's link (NVLink); the
@@ -191,13 +195,25 @@ def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float
     few W's are left to fill the fill and drain, and the step lasts 2m + 2p - 1, as the
     event-driven simulator (:func:`parlab.pipeline.timeline`) counts it (a test holds the
     two together).
+
+    ZBV and DualPipeV (a V: two chunks per rank, each F, B and W one unit, 6 per micro-batch
+    on every rank; DualPipeV's F&B pairs run as their two passes, as the simulator does by
+    default): the step lasts max(6m + p - 1, 4m + 4p - 2) units. Filled (m >= (3p - 1) / 2,
+    always so for DualPipeV, which needs m >= 2p), a rank idles p - 1 units out of 6m + p - 1:
+    about half of ZB-H1's share, its chunks being half a stage; with fewer micro-batches ZBV's
+    warm-up and cool-down set the step, 4m + 4p - 2. DualPipeV with m < 2p is a ValueError.
     """
     if schedule not in memory.ESTIMATED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of "
                          f"{list(memory.ESTIMATED_SCHEDULES)}")
     check_count("pp", pp)
     check_count("microbatches", microbatches)
+    m, p = microbatches, pp
     if schedule == "zb-h1":
-        m = microbatches
-        return 1 - 3 * m / max(3 * m + pp - 1, 2 * m + 2 * pp - 1)
-    return (pp - 1) / (microbatches + pp - 1)
+        return 1 - 3 * m / max(3 * m + p - 1, 2 * m + 2 * p - 1)
+    if schedule in memory.V_SCHEDULES:
+        problem = memory.v_problem(schedule, p, m, 2 * p)  # the layers are not known here
+        if problem:
+            raise ValueError(problem)
+        return 1 - 6 * m / max(6 * m + p - 1, 4 * m + 4 * p - 2)
+    return (p - 1) / (m + p - 1)

@@ -9,6 +9,7 @@ text is read from the layout or from the search that produced it, never typed in
 from __future__ import annotations
 
 from parlab.units import format_bytes
+from parlab import memory
 
 __all__ = ["explain", "LINK_WORDS", "PART_WORDS"]
 
@@ -27,7 +28,10 @@ def _plural(n: int, word: str, suffix: str = "s") -> str:
 
 def _shape(lay) -> str:
     parts = []
-    if lay.pp > 1:
+    if lay.pp > 1 and lay.assumptions.schedule in memory.V_SCHEDULES:
+        parts.append(f"cut into {2 * lay.pp} chunks in a V over {lay.pp} pipeline ranks, "
+                     f"{lay.config.n_layers // lay.pp} layers per rank")
+    elif lay.pp > 1:
         parts.append(f"cut into {lay.pp} pipeline stages of {lay.config.n_layers // lay.pp} "
                      f"layers")
     if lay.tp > 1:
@@ -63,14 +67,18 @@ def _placement(lay) -> str:
 def _memory(lay) -> str:
     m = lay.memory
     state = m.parameters + m.gradients + m.optimizer_state + m.master_weights
-    flight = (lay.microbatches if lay.assumptions.schedule == "gpipe"
-              else min(lay.pp, lay.microbatches))
+    schedule = lay.assumptions.schedule
+    flight = _plural(lay.microbatches if schedule == "gpipe" else min(lay.pp, lay.microbatches),
+                     "micro-batch", "es")
+    if schedule in memory.V_SCHEDULES:  # rank 0's two chunks, counted in (chunk, micro-batch)
+        pairs = max(d + u for d, u in memory.v_in_flight(schedule, lay.pp, lay.microbatches, 0))
+        flight = f"{pairs} (chunk, micro-batch) pairs"
     kept = f" ({lay.recompute} recomputation)" if lay.recompute else ""
     return (f"Memory: the busiest GPU holds {format_bytes(m.total)} of "
             f"{format_bytes(m.capacity)} ({100 * m.total / m.capacity:.0f} %): "
             f"{format_bytes(state)} of weights, gradients and optimizer state, and "
             f"{format_bytes(m.activations)} of activations for "
-            f"{_plural(flight, 'micro-batch', 'es')} in flight{kept}.")
+            f"{flight} in flight{kept}.")
 
 
 #: How the text names each part of a step.
@@ -83,7 +91,9 @@ def _time(lay) -> str:
     t, total = lay.times, lay.step_time_s
     parts = [f"{PART_WORDS[k]} {_seconds(v)} ({100 * v / total:.0f} %)" for k, v in t.items()
              if v > 0]
-    bubble = (f" The bubble fraction is (pp-1)/(m+pp-1) = {lay.bubble_fraction:.3f}."
+    formula = ("(pp-1)/(m+pp-1)" if lay.assumptions.schedule in ("1f1b", "gpipe")
+               else f"{lay.assumptions.schedule}'s, with F = B = W,")
+    bubble = (f" The bubble fraction is {formula} = {lay.bubble_fraction:.3f}."
               if lay.pp > 1 else "")
     tokens = lay.micro_batch * lay.assumptions.sequence(lay.config)
     roofline = (f" A micro-batch of {tokens:,} tokens runs the weight products at "

@@ -237,7 +237,8 @@ def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_b
         per_all_reduce = allreduce_time(activation, tp, "ring", topology.links[links["tensor"]])
         per_block = 4 + (2 if recompute == "full" else 0)  # full recompute: forward's 2 again
         tensor = per_block * (config.n_layers // pp) * per_all_reduce
-    pipeline = 2 * topology.links[links["pipeline"]].time(activation) if pp > 1 else 0.0
+    chunks = 2 if a.schedule in memory.V_SCHEDULES else 1  # a V: each rank sends twice
+    pipeline = 2 * chunks * topology.links[links["pipeline"]].time(activation) if pp > 1 else 0.0
     busy = compute + again + tensor + pipeline
     fraction = bubble_fraction(pp, m, a.schedule)
     data = (allreduce_time(gradient_bytes, dp, "ring", topology.links[links["data"]])
@@ -318,12 +319,14 @@ def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology:
     per_server = min(topology.gpus_per_server, gpus)
     seq = a.sequence(config)
     for dp, tp, pp in _triples(gpus):
-        problem = split_problem(config, tp, pp, per_server)
+        fewest = memory.fewest_microbatches(a.schedule, pp)
+        problem = (split_problem(config, tp, pp, per_server)
+                   or memory.v_problem(a.schedule, pp, fewest, config.n_layers))
         if problem:
             result.rejected.append(Rejected(dp, tp, pp, "split", problem))
             continue
-        floors = {r: memory.estimate(config, (dp, seq), a.optimizer, a.precision, dp, tp, pp, 1,
-                                     a.schedule, gpu_memory_gb, a.zero, r)
+        floors = {r: memory.estimate(config, (dp * fewest, seq), a.optimizer, a.precision, dp,
+                                     tp, pp, fewest, a.schedule, gpu_memory_gb, a.zero, r)
                   for r in a.recompute_options}
         if not any(floor.fits for floor in floors.values()):
             floor = min(floors.values(), key=lambda f: f.total)
@@ -337,9 +340,12 @@ def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology:
                                                                  f"{a.global_batch}"))
             continue
         share = a.global_batch // dp
-        for m in (a.microbatches or divisors(share)):
-            if share % m:
-                continue
+        counts = [m for m in (a.microbatches or divisors(share)) if not share % m]
+        if counts and all(m < fewest for m in counts):
+            result.rejected.append(Rejected(dp, tp, pp, "batch", memory.v_problem(
+                a.schedule, pp, max(counts), config.n_layers)))
+            continue
+        for m in (m for m in counts if m >= fewest):
             for r in (r for r in a.recompute_options if floors[r].fits):
                 lay = _evaluate(config, dp, tp, pp, m, gpu_memory_gb, topology, a, r)
                 result.layouts.append(replace(lay, context=result))

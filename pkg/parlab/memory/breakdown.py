@@ -24,8 +24,9 @@ __all__ = ["ESTIMATED_SCHEDULES", "Breakdown", "Plan", "Setup", "check_capacity"
 #: The schedules whose activations the estimate counts. Micro-batches stage k holds at once:
 #: GPipe all m, 1F1B min(pp - k, m), ZB-H1 (Qi et al. 2024; chapter 09) min(pp, m) on every
 #: stage, its first stage's as 1F1B's, the later ones holding back W's whose activations
-#: stay (counted whole, as chapter 09's executor keeps them until W).
-ESTIMATED_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
+#: stay (counted whole, as chapter 09's executor keeps them until W). ZBV and DualPipeV put
+#: two chunks on each rank in a V and are counted per rank (:mod:`parlab.memory.vshape`).
+ESTIMATED_SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zbv", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,10 @@ class Setup(NamedTuple):
         return self.batch // (self.dp * self.microbatches)
 
     def in_flight(self, stage: int) -> int:
+        """Micro-batches pipeline ``stage`` holds at its peak (one stage per rank)."""
+        if self.schedule in ("zbv", "dualpipev"):
+            raise ValueError(f"schedule={self.schedule!r} holds two chunks per rank in a V: "
+                             f"count them with parlab.memory.vshape.v_in_flight")
         if self.schedule == "gpipe":
             return self.microbatches
         if self.schedule == "zb-h1":

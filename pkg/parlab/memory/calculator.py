@@ -67,17 +67,21 @@ from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
 from parlab.memory.decoders import (
-    block_terms, CP_METHODS, DECODERS, end_terms, stage_parameters, tp_problem
+    block_terms, CP_METHODS, DECODERS, end_terms, tp_problem
 )
 from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
 from parlab.memory.states import (
     check_optimizer, check_precision, check_split, check_zero, model_state_bytes
 )
+from parlab.memory.vshape import (
+    held_parameters, layer_counts, V_SCHEDULES, v_breakdowns, v_parameters, v_problem
+)
 from parlab.models import BookMLP, DeepSeekV3Config, get_config
 from parlab.checks import check_choice, check_count
 
 __all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "estimate",
+           "rank_breakdowns",
            "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
            "describe_setup"]
 
@@ -116,6 +120,9 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     check_recompute(recompute)
     capacity = check_capacity(gpu_memory_gb)
     if isinstance(model, nn.Module):
+        if schedule in V_SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is estimated for a transformer config or a "
+                             f"BookMLP; a torch.nn.Module takes one of 1f1b, gpipe, zb-h1")
         return module_setup(model, input_shape, example_input, precision, optimizer, dp, tp, pp,
                             microbatches, schedule, capacity, zero, recompute, loss_fn,
                             split_points, ep)
@@ -152,6 +159,8 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     layers = model.n_layers if decoder else len(model.layers)
     if pp > layers:
         raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
+    if v_problem(schedule, pp, microbatches, layers):
+        raise ValueError(v_problem(schedule, pp, microbatches, layers))
     if decoder and tp_problem(model, tp):
         raise ValueError(tp_problem(model, tp))
     if decoder:
@@ -179,21 +188,6 @@ def _check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recomput
     if recompute and cp > 1:
         raise ValueError(f"recompute={recompute!r} with cp={cp} is not modelled yet; use "
                          f"recompute=None")
-
-
-def _split(n: int, parts: int) -> list[int]:
-    """n layers over ``parts`` stages as evenly as possible, the extra ones first."""
-    return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
-
-
-def _stage_parameters(s: Setup, stage: int) -> int:
-    """Parameters one GPU of pipeline ``stage`` holds (Megatron's tensor-parallel layout)."""
-    m, t, last = s.model, s.tp, stage == s.pp - 1
-    if isinstance(m, BookMLP):
-        first = sum(_split(len(m.layers), s.pp)[:stage])
-        layers = m.layers[first:first + _split(len(m.layers), s.pp)[stage]]
-        return sum(layer.W.numel() + layer.b.numel() for layer in layers)
-    return stage_parameters(m, t, _split(m.n_layers, s.pp)[stage], stage == 0, last, s.pp)
 
 
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) -> Setup:
@@ -230,7 +224,7 @@ def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
     per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp, **split).values())
-    counts = _split(len(per_layer) - 2, pp)  # the first and last entries are the two ends
+    counts = layer_counts(len(per_layer) - 2, pp)  # the first and last entries are the two ends
     start = 1 + sum(counts[:stage])
     layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute,
                                 s.sequence_parallel)
@@ -312,7 +306,7 @@ def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
-    states = model_state_bytes(_stage_parameters(s, stage), s.optimizer, s.precision.name,
+    states = model_state_bytes(held_parameters(s, stage), s.optimizer, s.precision.name,
                                s.dp * s.cp, s.zero)
     kept, rebuilt = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name, s.tp,
                                        stage, s.pp, s.recompute, cp=s.cp,
@@ -320,6 +314,26 @@ def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
                                        sequence_parallel=s.sequence_parallel)
     return Breakdown(**states.parts(), activations=s.in_flight(stage) * kept + rebuilt,
                      capacity=s.capacity, label=label)
+
+
+def rank_breakdowns(s: Setup, label: str) -> list[Breakdown]:
+    """Every GPU's :class:`Breakdown` of a config's (or a BookMLP's) job ``s``, one per
+    pipeline rank: stage k's, or in a V (:mod:`parlab.memory.vshape`) rank r's two chunks'."""
+    if s.schedule not in V_SCHEDULES:
+        return [_stage_breakdown(s, k, f"{label}, stage {k}") for k in range(s.pp)]
+    K, known, mlp = 2 * s.pp, {}, isinstance(s.model, BookMLP)
+    counts = layer_counts(len(s.model.layers) if mlp else s.model.n_layers, K)
+
+    def chunk(k: int) -> tuple[int, int]:  # chunks alike in layers and ends save alike
+        key = k if mlp else (counts[k], k == 0, k == K - 1)
+        if key not in known:
+            known[key] = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name,
+                                            s.tp, k, K, s.recompute, cp=s.cp,
+                                            cp_method=s.cp_method,
+                                            sequence_parallel=s.sequence_parallel)
+        return known[key]
+
+    return v_breakdowns(s, label, chunk, lambda r: v_parameters(s, r))
 
 
 def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
@@ -342,6 +356,11 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     matrices over ``tp`` GPUs (transformer configs only). For a config only the first and the
     last stage are evaluated: the first holds the embeddings and the most micro-batches in
     flight, the last the output layer, and a middle stage never holds more than the first.
+    ``schedule`` is one of :data:`ESTIMATED_SCHEDULES`; the V schedules ``"zbv"`` and
+    ``"dualpipev"`` cut the layers into 2 pp chunks, rank r holding chunks r and 2 pp - 1 - r
+    (rank 0 both ends), and are priced per rank, not per stage
+    (:mod:`parlab.memory.vshape`): every rank is evaluated, and the label names the busiest
+    one and its chunks. They need n_layers >= 2 pp, DualPipeV also microbatches >= 2 pp.
     ``zero`` (0 to 3) shards the model states of each GPU's parameters over the ``dp``
     replicas as :func:`parlab.memory.model_state_bytes` describes; activations are unchanged.
     ``recompute`` (None, "full", "selective"): activation recomputation, module docstring.
@@ -362,6 +381,8 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
         return estimate_module(s, label)
+    if s.schedule in V_SCHEDULES:
+        return max(rank_breakdowns(s, label), key=lambda b: b.total)
     stages = {0, pp - 1}
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
 

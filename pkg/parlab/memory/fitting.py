@@ -18,6 +18,7 @@ from parlab.memory.calculator import estimate, resolve_setup
 from parlab.memory.decoders import DECODERS, tp_problem
 from parlab.memory.modules import module_pricer
 from parlab.memory.tracing import module_children
+from parlab.memory.vshape import v_problem
 
 __all__ = ["min_gpus"]
 
@@ -65,6 +66,8 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
         for tp in tps:
             for pp in range(1, layers + 1):
                 if best is not None and dp * tp * pp >= best.gpus:
+                    break
+                if v_problem(s.schedule, pp, microbatches, layers):  # a V: 2 pp chunks, m >= 2 pp
                     break
                 b = price(dp, tp, pp)
                 if b is None:  # a module whose children do not run in order: no pipeline

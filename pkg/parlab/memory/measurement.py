@@ -21,6 +21,7 @@ from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.calculator import resolve_setup
 from parlab.memory.tracing import default_loss, failure_message
 from parlab.memory.decoders import DECODERS
+from parlab.memory.vshape import V_SCHEDULES
 
 __all__ = ["measure", "forward_saved_bytes"]
 
@@ -135,6 +136,10 @@ def measure(model, input_shape=None, optimizer: str = "adam", precision: str = "
     if tp != 1 or pp != 1:
         raise ValueError("measure runs in one process: tp and pp must be 1 (chapters 03 and 04 "
                          "measure the split layers on real ranks)")
+    if schedule in V_SCHEDULES:
+        raise ValueError(f"measure runs one pipeline stage in one process; schedule="
+                         f"{schedule!r} puts two chunks on a rank in a V: use one of 1f1b, "
+                         f"gpipe, zb-h1 (estimate() counts the V per rank)")
     module = isinstance(s.model, nn.Module)
     if module:
         _check_real(s)
