@@ -35,7 +35,7 @@
 # 4. run all four on <span data-glue="real_ranks">2</span> real ranks, each equal to one
 #    process, and look at their measured timelines;
 # 5. count what each schedule costs in memory, per rank;
-# 6. give chapter 05's planner the ZB-H1 schedule;
+# 6. give chapter 05's planner all four schedules and see which one it picks for GPT-3;
 # 7. along the way, solve two exercises in which you predict before the notebook prints.
 #
 # **Notation.** F is the forward pass of one stage on one micro-batch. As in Qi et al., **B**
@@ -333,34 +333,84 @@ glue("mem_zbv", peaks["zbv"]["rank 0"], "g")
 # %% [markdown]
 # ## 6. In chapter 05's planner
 #
-# Chapter 05's planner takes `schedule="zb-h1"` too. It knows one time per micro-batch and
-# stage, so it takes B and W as long as F each (each is one matrix product per weight, as
-# the forward is); every stage then holds up to min(p, m) micro-batches (W keeps them whole),
-# where 1F1B's stage s holds min(p - s, m). GPT-3 on chapter 05's cluster:
+# Chapter 05's planner takes `schedule="zb-h1"`, `"zbv"` and `"dualpipev"` too. It knows one
+# time per micro-batch and stage, so it takes B and W as long as F each (each is one matrix
+# product per weight, as the forward is), and its bubble fractions are the simulator's with
+# those times. Its memory count follows each schedule's placement, with W keeping a
+# micro-batch's activations whole until it runs:
+#
+# - ZB-H1 holds up to min(p, m) micro-batches on every stage, where 1F1B's stage s holds
+#   min(p - s, m).
+# - ZBV and DualPipeV cut the layers into 2p chunks and give rank r chunks r and
+#   2p - 1 - r, so rank 0 holds both the embeddings and the output layer. The estimate
+#   prices each rank: its two chunks' parameters, and the most (chunk, micro-batch) pairs
+#   it holds at once, each chunk weighted by its own activations (the tests hold these
+#   counts to the simulator, and to what autograd saves in a real V split of a small GPT).
+# - A V rank sends each micro-batch's activation and gradient twice, once per chunk, so the
+#   planner counts twice the pipeline traffic. Layouts a V cannot run are skipped: more
+#   chunks than layers, or DualPipeV with fewer than 2p micro-batches.
+#
+# GPT-3 on chapter 05's cluster, each schedule's fastest layout:
 
 # %%
-from parlab.hybrid import plan
+from parlab.experiments import plan_schedules
 
-best = {}
-for name in ("1f1b", "zb-h1"):
-    best[name] = lay = plan("GPT-3 175B", 1024, schedule=name)[0]
-    print(f"{name:>5}: dp {lay.dp}, tp {lay.tp}, pp {lay.pp}, {lay.microbatches} "
-          f"micro-batches, {lay.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; bubble fraction "
-          f"{lay.bubble_fraction:.3f}, step {lay.step_time_s:.3f} s")
+planned = plan_schedules("GPT-3 175B", 1024)
+for name, row in planned.items():
+    lay = row.layout
+    print(f"{name:>9}: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, m={lay.microbatches}; busiest "
+          f"GPU {lay.memory_per_gpu_bytes / 1e9:.1f} GB (rank 0 {row.rank_gb[0]:.1f} GB); "
+          f"bubble {lay.bubble_fraction:.3f}, sends {lay.times['pipeline']:.2f} s, step "
+          f"{lay.step_time_s:.3f} s")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
-glue("plan_ofob_s", best["1f1b"].step_time_s, ".2f")
-glue("plan_h1_s", best["zb-h1"].step_time_s, ".2f")
-glue("plan_gain", 100 * (best["1f1b"].step_time_s / best["zb-h1"].step_time_s - 1), ".0f")
+best = {name: row.layout for name, row in planned.items()}
+ofob, h1, zbv, dpv = (best[n] for n in ("1f1b", "zb-h1", "zbv", "dualpipev"))
+glue("plan_ofob_s", ofob.step_time_s, ".2f")
+glue("plan_h1_s", h1.step_time_s, ".2f")
+glue("plan_gain", 100 * (ofob.step_time_s / h1.step_time_s - 1), ".0f")
+glue("plan_zbv_s", zbv.step_time_s, ".2f")
+glue("plan_pp", zbv.pp, "d")
+glue("plan_m", zbv.microbatches, "d")
+glue("plan_h1_bubble", h1.times["bubble"], ".2f")
+glue("plan_zbv_bubble", zbv.times["bubble"], ".2f")
+glue("plan_h1_send", h1.times["pipeline"], ".2f")
+glue("plan_zbv_send", zbv.times["pipeline"], ".2f")
+glue("plan_zbv_once_s", zbv.step_time_s - (zbv.times["pipeline"] - h1.times["pipeline"]), ".2f")
+glue("plan_zbv_rank0", planned["zbv"].rank_gb[0], ".1f")
+glue("plan_zbv_rest", max(planned["zbv"].rank_gb[1:]), ".1f")
+glue("plan_h1_last", planned["zb-h1"].rank_gb[-1], ".1f")
+glue("plan_dpv_gb", dpv.memory_per_gpu_bytes / 1e9, ".1f")
 
 # %% [markdown]
-# The fastest layout's step drops from <span data-glue="plan_ofob_s">10.33</span> s to
-# <span data-glue="plan_h1_s">9.84</span> s, <span data-glue="plan_gain">5</span> % faster,
-# in the planner's model, which overlaps no communication with computation. The memory
-# side shows on a smaller model: plan Llama-3-8B on eight servers both ways, and 1F1B's fastest
-# layout no longer fits under ZB-H1, whose later stages hold more activations. ZBV and
-# DualPipeV are not planned: they move half of every rank's layers to the other arm
-# of the V, which the planner's count of memory per stage does not model.
+# All four pick the same degrees, pipeline depth <span data-glue="plan_pp">16</span> with
+# <span data-glue="plan_m">192</span> micro-batches, and **ZB-H1 wins**: its step drops
+# from 1F1B's <span data-glue="plan_ofob_s">10.33</span> s to
+# <span data-glue="plan_h1_s">9.84</span> s, <span data-glue="plan_gain">5</span> % faster.
+#
+# **ZBV comes second**, at <span data-glue="plan_zbv_s">10.11</span> s. Its bubble is about
+# half of ZB-H1's, <span data-glue="plan_zbv_bubble">0.13</span> s against
+# <span data-glue="plan_h1_bubble">0.25</span> s: a rank still idles p - 1 passes, but of a
+# chunk, half a stage. The V pays for it in sends: each micro-batch leaves a rank twice,
+# once from each chunk, so the pipeline traffic doubles,
+# <span data-glue="plan_zbv_send">0.77</span> s against
+# <span data-glue="plan_h1_send">0.39</span> s, more than the bubble saves. Were
+# the second send free (hidden behind computation, which the planner does not model), ZBV
+# would take <span data-glue="plan_zbv_once_s">9.72</span> s and win.
+#
+# **Memory favours the V.** ZBV's busiest GPU is rank 0, the one with both ends of the model:
+# <span data-glue="plan_zbv_rank0">60.2</span> GB against
+# <span data-glue="plan_zbv_rest">58.4</span> GB on every other rank, for the embeddings and
+# the output layer. That is still less than ZB-H1's busiest GPU, its last stage at
+# <span data-glue="plan_h1_last">61.7</span> GB: there the output layer's activations stay
+# for up to p micro-batches, while on the V's rank 0 the last chunk holds at most one at a
+# time. **DualPipeV** takes ZBV's time exactly (without its F&B overlap, which the planner
+# does not count, its bubble is ZBV's) and holds one (chunk, micro-batch) pair more per rank,
+# <span data-glue="plan_dpv_gb">61.3</span> GB on rank 0; it runs only with at least 2p
+# micro-batches. The memory side weighs more on a smaller model: plan Llama-3-8B on eight
+# servers with 1F1B and with ZB-H1, and 1F1B's fastest layout no longer fits under ZB-H1,
+# whose later stages hold more activations. DeepSeek's bidirectional DualPipe, with two
+# copies of the parameters, is not offered.
 #
 # ## What's next
 #

@@ -50,7 +50,8 @@ from parlab.experiments.ch08 import (
     SequenceParallelRun, SP_CONFIG
 )
 from parlab.experiments.ch09 import (
-    BY_M, BY_P, bubble_chart, bubble_sweep, measure_passes, memory_table, RealRuns, run_real,
+    BY_M, BY_P, bubble_chart, bubble_sweep, measure_passes, memory_table, plan_schedules,
+    PlannedSchedule, RealRuns, run_real,
     schedule_timelines, schedules_chart, speedups, split_backward_demo, SplitDemo,
     SWEEP_MICROBATCHES, UNIT_PASSES, WIDE_NET, ZB_MICROBATCHES, ZB_RANKS, ZB_SCHEDULES
 )
@@ -80,4 +81,5 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "run_expert_layer", "balancing_runs", "ZB_SCHEDULES", "ZB_RANKS", "ZB_MICROBATCHES",
            "UNIT_PASSES", "WIDE_NET", "schedule_timelines", "schedules_chart", "speedups",
            "SplitDemo", "split_backward_demo", "measure_passes", "bubble_sweep", "bubble_chart",
-           "BY_M", "BY_P", "SWEEP_MICROBATCHES", "memory_table", "RealRuns", "run_real"]
+           "BY_M", "BY_P", "SWEEP_MICROBATCHES", "memory_table", "RealRuns", "run_real",
+           "PlannedSchedule", "plan_schedules"]

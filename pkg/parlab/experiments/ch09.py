@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from parlab.hybrid import plan
+from parlab.memory import estimate_ranks
 from parlab.pipeline import (
     Durations, execute_programs, Network, program, reference, SplitBackward, stage_layers,
     timeline
@@ -29,7 +31,8 @@ from parlab.viz.plots import bubble_figure, schedules_figure
 __all__ = ["ZB_SCHEDULES", "ZB_RANKS", "ZB_MICROBATCHES", "UNIT_PASSES", "WIDE_NET",
            "schedule_timelines", "schedules_chart", "speedups",
            "SplitDemo", "split_backward_demo", "measure_passes", "bubble_sweep", "bubble_chart",
-           "BY_M", "BY_P", "SWEEP_MICROBATCHES", "memory_table", "RealRuns", "run_real"]
+           "BY_M", "BY_P", "SWEEP_MICROBATCHES", "memory_table", "RealRuns", "run_real",
+           "PlannedSchedule", "plan_schedules"]
 
 #: The schedules the chapter compares, and the comparison's ranks and micro-batches.
 ZB_SCHEDULES = ("1f1b", "zb-h1", "zbv", "dualpipev")
@@ -198,6 +201,32 @@ def memory_table(kept_share: float, ranks: int = ZB_RANKS, microbatches: int = Z
                      "parameters per rank": f"1/{round(1 / t.parameters[0])}",
                      "copies": t.parameter_copies})
     return rows
+
+
+@dataclass
+class PlannedSchedule:
+    """Chapter 05's planner run with one schedule: its fastest layout, and every pipeline
+    rank's memory in that layout (per stage, or per rank of a V), in GB."""
+
+    layout: object
+    rank_gb: list
+
+
+def plan_schedules(model: str = "GPT-3 175B", gpus: int = 1024,
+                   names=ZB_SCHEDULES) -> dict[str, PlannedSchedule]:
+    """For each schedule of ``names``, :func:`parlab.hybrid.plan`'s fastest layout of
+    ``model`` on ``gpus`` GPUs (chapter 05's cluster and assumptions) and its memory per rank
+    (:func:`parlab.memory.estimate_ranks`)."""
+    out = {}
+    for name in names:
+        lay = plan(model, gpus, schedule=name)[0]
+        a = lay.assumptions
+        ranks = estimate_ranks(lay.config, (a.global_batch, a.sequence(lay.config)),
+                               a.optimizer, a.precision, lay.dp, lay.tp, lay.pp,
+                               lay.microbatches, name, zero=a.zero, recompute=lay.recompute,
+                               sequence_parallel=a.sequence_parallel)
+        out[name] = PlannedSchedule(lay, [b.total / 1e9 for b in ranks])
+    return out
 
 
 @dataclass

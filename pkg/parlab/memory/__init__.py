@@ -2,8 +2,8 @@
 
 ``calculator`` (parameters, gradients, optimizer state, master weights and activations per GPU,
 for any precision, optimizer, data / tensor / pipeline / context split and ZeRO stage),
-``fitting`` (the smallest GPU count that fits), ``breakdown`` (what an estimate or a
-measurement returns), ``modules`` and
+``fitting`` (the smallest GPU count that fits), ``ranks`` (every pipeline rank's estimate),
+``breakdown`` (what an estimate or a measurement returns), ``modules`` and
 ``tracing`` (the estimate for any ``torch.nn.Module``: one training step traced with fake
 tensors, nothing allocated, so a 7B model built on the meta device takes seconds),
 ``states`` (the one formula for the model states per GPU, sharded by ZeRO stages 0 to 3 over
@@ -33,6 +33,7 @@ from parlab.memory.calculator import (
     activation_bytes, activations_per_layer, block_activations, estimate
 )
 from parlab.memory.fitting import min_gpus
+from parlab.memory.ranks import estimate_ranks
 from parlab.memory.measurement import forward_saved_bytes, measure
 from parlab.memory.recompute import (
     layer_activations, live_bytes, measure_recompute, RECOMPUTE, recompute_flops, RecomputeFlops,
@@ -55,4 +56,4 @@ __all__ = ["forward_saved_bytes", "check_optimizer", "bytes_per_parameter_table"
            "ModuleTrace", "trace_module", "stage_ranges", "block_activations", "korthikanti_terms",
            "compare_block", "tensor_split_sizes", "tp_problem", "Serving", "serving_bytes",
            "WasteCurve", "waste_curve", "CP_METHODS", "V_SCHEDULES", "fewest_microbatches",
-           "v_in_flight", "v_problem"]
+           "v_in_flight", "v_problem", "estimate_ranks"]
