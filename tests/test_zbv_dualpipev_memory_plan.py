@@ -238,3 +238,14 @@ def test_planner_prices_gpt3_with_every_schedule():
     assert v[0] < planned["zb-h1"].rank_gb[-1] == max(planned["zb-h1"].rank_gb)
     for name in ("zbv", "dualpipev"):
         assert "rank 0 (chunks 0 and" in best[name].memory.label
+
+
+def test_min_gpus_tries_only_the_depths_a_v_can_run():
+    """DualPipeV with 16 micro-batches runs on at most pp = 8 ranks (m >= 2 pp), and GPT-3
+    does not fit on 8 x 8 GPUs of 80 GB: the error names pp=8, not the 96 layers."""
+    with pytest.raises(ValueError, match="up to tp=8, pp=8:"):
+        memory.min_gpus("GPT-3 175B", (64, 2048), "adam", "bf16", microbatches=16,
+                        schedule="dualpipev")
+    found = memory.min_gpus("GPT-3 175B", (64, 2048), "adam", "bf16", microbatches=32,
+                            schedule="dualpipev")
+    assert 2 * found.pp <= 32 and found.breakdown.fits

@@ -67,7 +67,7 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
             for pp in range(1, layers + 1):
                 if best is not None and dp * tp * pp >= best.gpus:
                     break
-                if v_problem(s.schedule, pp, microbatches, layers):  # a V: 2 pp chunks, m >= 2 pp
+                if v_problem(s.schedule, pp, microbatches, layers):
                     break
                 b = price(dp, tp, pp)
                 if b is None:  # a module whose children do not run in order: no pipeline
@@ -76,7 +76,9 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
                     best = Plan(dp * tp * pp, dp, tp, pp, b, ideal)
                     break
     if best is None:
-        split = f"tp={max(tps)}, pp={layers}" if tps != [1] else f"pp={layers}"
+        deepest = max(pp for pp in range(1, layers + 1)  # a V: 2 pp chunks, m >= 2 pp
+                      if not v_problem(s.schedule, pp, microbatches, layers))
+        split = f"tp={max(tps)}, pp={deepest}" if tps != [1] else f"pp={deepest}"
         raise ValueError(f"{describe_setup(s, 'does not fit')} on any split up to {split}: use "
                          f"more micro-batches, "
                          + (f"ZeRO (zero={s.zero + 1} to 3), " if s.zero < 3 else "")

@@ -1,11 +1,11 @@
 """Which layers and parameters a pipeline GPU holds; the V schedules' memory per rank.
 
 Why this module exists: :func:`layer_counts` and :func:`held_parameters` are the estimate's
-rule for cutting a model into pipeline stages. A V placement (Qi et al. 2024 §6; DeepSeek's DualPipeV) cuts the
-model into 2 pp chunks and gives rank r two of them, r and 2 pp - 1 - r, so rank 0 holds
-both ends of the model: the embedding (chunk 0) and the output layer with the loss (chunk
-2 pp - 1). A per-stage count (1F1B's stage k holds min(pp - k, m) micro-batches) no longer
-describes a GPU; this module counts per rank, chunk by chunk, and
+rule for cutting a model into pipeline stages. A V placement (Qi et al. 2024 §6; DeepSeek's
+DualPipeV) cuts the model into 2 pp chunks and gives rank r two of them, r and 2 pp - 1 - r,
+so rank 0 holds both ends of the model: the embedding (chunk 0) and the output layer with
+the loss (chunk 2 pp - 1). A per-stage count (1F1B's stage k holds min(pp - k, m)
+micro-batches) no longer describes a GPU; this module counts per rank, chunk by chunk, and
 :func:`parlab.memory.estimate` prices every rank with it.
 
 Layers go to chunks by the estimate's usual rule (as evenly as possible, the extra ones
@@ -17,9 +17,8 @@ its forward F until its weight gradient W (or until its full backward, where the
 runs B and W as one pass). Counted so, on m micro-batches, rank r holds at most
 
 - **ZBV**: (min(2pp - 1 - r, m), min(r + 1, m)) pairs of its (first, second) chunk, or
-  (min(2pp - r, m), min(r, m)): the peak of any weighted sum a d + b u is at one of these two
-  points (the warm-up's last forward of the first chunk, or the first forward of the second
-  one); unweighted, 2 pp pairs from m = 2 pp - 1 on.
+  (min(2pp - r, m), min(r, m)): the peak of any weighted sum a d + b u of the two counts
+  is at one of these two points; unweighted, 2 pp pairs from m = 2 pp - 1 on.
 - **DualPipeV** (m >= 2 pp): (2pp - r, r + 1), one point: 2 pp + 1 pairs, the F of an
   F&B pair that runs before its backward frees a micro-batch (DeepSeek's "PP + 1", PP = 2 pp).
 
@@ -96,8 +95,9 @@ def v_problem(schedule: str, pp: int, microbatches: int, layers: int) -> str:
 
 
 def v_in_flight(schedule: str, pp: int, microbatches: int, rank: int) -> list[tuple[int, int]]:
-    """(pairs of chunk r, pairs of chunk 2pp - 1 - r) that rank ``rank`` holds at the points
-    where a weighted sum of the two peaks (module docstring)."""
+    """The (pairs of chunk r, pairs of chunk 2pp - 1 - r) that rank ``rank`` holds at the
+    points where any weighted sum of the two counts peaks (module docstring): the rank's
+    peak activations are the largest of a d + b u over them, a and b its chunks' bytes."""
     m, r = microbatches, rank
     if schedule == "zbv":
         return [(min(2 * pp - 1 - r, m), min(r + 1, m)), (min(2 * pp - r, m), min(r, m))]
