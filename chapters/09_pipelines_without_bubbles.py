@@ -407,10 +407,33 @@ glue("plan_dpv_gb", dpv.memory_per_gpu_bytes / 1e9, ".1f")
 # time. **DualPipeV** takes ZBV's time exactly (without its F&B overlap, which the planner
 # does not count, its bubble is ZBV's) and holds one (chunk, micro-batch) pair more per rank,
 # <span data-glue="plan_dpv_gb">61.3</span> GB on rank 0; it runs only with at least 2p
-# micro-batches. The memory side weighs more on a smaller model: plan Llama-3-8B on eight
-# servers with 1F1B and with ZB-H1, and 1F1B's fastest layout no longer fits under ZB-H1,
-# whose later stages hold more activations. DeepSeek's bidirectional DualPipe, with two
-# copies of the parameters, is not offered.
+# micro-batches. DeepSeek's bidirectional DualPipe, with two copies of the parameters, is
+# not offered.
+#
+# The memory side weighs more on a smaller model. Plan Llama-3-8B on eight servers with
+# 1F1B, then price the same layout under ZB-H1, whose later stages hold more activations:
+
+# %%
+from parlab.hybrid import Assumptions, evaluate, plan
+
+fast = plan("Llama-3-8B", 64, schedule="1f1b")[0]
+moved = evaluate("Llama-3-8B", fast.dp, fast.tp, fast.pp, fast.microbatches,
+                 assumptions=Assumptions(schedule="zb-h1"))
+print(f"1F1B's fastest: dp {fast.dp} x tp {fast.tp} x pp {fast.pp}, m={fast.microbatches}, "
+      f"{fast.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; the same layout under ZB-H1: "
+      f"{moved.memory_per_gpu_bytes / 1e9:.1f} GB, fits in {fast.memory.capacity / 1e9:.0f} GB: "
+      f"{moved.fits}")
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+glue("llama_ofob_gb", fast.memory_per_gpu_bytes / 1e9, ".1f")
+glue("llama_h1_gb", moved.memory_per_gpu_bytes / 1e9, ".1f")
+
+# %% [markdown]
+# Under 1F1B the last stage holds one micro-batch and the first holds p; under ZB-H1 every
+# stage holds up to p, so the layout that needed
+# <span data-glue="llama_ofob_gb">78.4</span> GB per GPU now needs
+# <span data-glue="llama_h1_gb">97.3</span> GB and no longer fits: ZB-H1's planner picks
+# another layout.
 #
 # ## What's next
 #
