@@ -131,6 +131,20 @@ def test_a_real_kernel_is_warm_before_its_first_launch():
                 "break\n    time.sleep(0.05)\nprint(parlab.launch.server.is_warm())")
         printed = [o["content"].get("text", "") for o in outputs if o["msg_type"] == "stream"]
         assert printed == ["True\n"], outputs
+        # what the kernel signals and waits for when asked to shut down or restart: processes
+        # of its own group. The server and multiprocessing's resource tracker are apart (the
+        # tracker ignores SIGTERM and the dead server stays an unreaped zombie: the kernel
+        # waited 2.5 s for its manager to kill it)
+        outputs.clear()
+        execute("import os, psutil\nprint(sorted(c.name() for c in psutil.Process()"
+                ".children(recursive=True) if os.getpgid(c.pid) == os.getpgrp()))")
+        printed = [o["content"].get("text", "") for o in outputs if o["msg_type"] == "stream"]
+        assert printed == ["[]\n"], outputs
+        kernel = manager.provisioner.process
+        manager.shutdown_kernel(now=False)  # graceful, as JupyterLab's shutdown and restart
+        # it ended by itself (0), not by the manager's SIGTERM after waiting 2.5 s (-15)
+        assert kernel.wait(10) == 0, kernel.returncode
     finally:
         client.stop_channels()
-        manager.shutdown_kernel(now=True)
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
