@@ -11,7 +11,7 @@ Using Megatron-LM" (SC '21, arXiv:2104.04473), **Table 1**: GPT models of 1.7 bi
 HDR InfiniBand NICs each, section 5), vocabulary 51,200, sequence 2048, mixed precision,
 with their tensor- and pipeline-parallel degrees, GPU count and global batch, and the
 achieved teraFLOP/s per GPU. The paper counts those FLOPs with its own formula (section
-5.1), full activation recomputation included, so one iteration of B sequences is
+5.1), full activation recomputation included, so one iteration of B sequences is::
 
     F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
 
