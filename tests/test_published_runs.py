@@ -155,3 +155,15 @@ def test_attention_flops_add_twelve_s_d_per_token_and_layer():
         extra / (989e12 * 0.4))
     with pytest.raises(TypeError, match="attention_flops must be True or False"):
         Assumptions(attention_flops="yes")
+
+
+@pytest.mark.parametrize("run", NARAYANAN_2021_TABLE_1, ids=lambda r: r.source[-6:])
+def test_planner_counts_the_papers_flops(run):
+    """With attention_flops and full recompute, the planner's compute and recompute parts
+    are the paper's F (section 5.1) at mfu x peak: F / ((compute + recompute) x GPUs) is
+    0.4 x 312 TFLOP/s (within 0.5 %: the paper counts the output layer in all four passes,
+    the planner's recompute repeats only the blocks). So the rows' misses are the speed
+    assumed, not the work counted."""
+    lay = predict(run, attention_flops=True).layout
+    seconds = lay.times["compute"] + lay.times["recompute"]
+    assert paper_flops(run) / (seconds * run.gpus) == pytest.approx(0.4 * 312e12, rel=0.005)
