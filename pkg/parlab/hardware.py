@@ -7,13 +7,21 @@ Sources (NVIDIA H100 SXM5 datasheet): 80 GB of HBM3 at 3.35 TB/s; 989 TFLOP/s de
 (1,979 with 2:4 sparsity, which training does not use); fourth-generation NVLink, 900 GB/s
 in both directions together, so 450 GB/s each way; each GPU beside a ConnectX-7 NIC of up
 to 400 Gb/s (NDR InfiniBand). GB and TB are decimal (:mod:`parlab.units`).
+
+Sources (NVIDIA A100 Tensor Core GPU datasheet, SXM4 80 GB): 80 GB of HBM2e at 2,039 GB/s;
+312 TFLOP/s dense bf16 (624 with sparsity); third-generation NVLink, 600 GB/s in both
+directions together, so 300 GB/s each way. A DGX A100 server pairs its 8 GPUs with 8
+ConnectX-6 NICs of 200 Gb/s (HDR InfiniBand): the cluster of Narayanan et al. (2021), section 5.
+
+GPUs are data: :data:`GPUS` maps a name to its :class:`GPU`, and :func:`gpu` looks one up
+(what the planner's and the memory calculator's ``gpu`` keyword does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GPU", "H100", "GPUS", "GPU_MEMORY_GB", "H100_BF16_TFLOPS", "H100_HBM_TB_PER_S",
+__all__ = ["GPU", "H100", "A100", "GPUS", "gpu", "gpu_memory", "GPU_MEMORY_GB", "H100_BF16_TFLOPS", "H100_HBM_TB_PER_S",
            "NVLINK_GB_PER_S", "NIC_GBPS", "NIC_SPEEDS_GBPS"]
 
 
@@ -31,8 +39,32 @@ class GPU:
 #: The card the book's cluster and every default assume.
 H100 = GPU("H100-80GB", memory_gb=80, bf16_tflops=989.0, hbm_tb_per_s=3.35,
            nvlink_gb_per_s=450)
+#: The card of the Megatron-LM papers' runs (Narayanan et al. 2021; Korthikanti et al. 2022).
+A100 = GPU("A100-80GB", memory_gb=80, bf16_tflops=312.0, hbm_tb_per_s=2.039,
+           nvlink_gb_per_s=300)
 #: GPUs by name.
-GPUS = {H100.name: H100}
+GPUS = {g.name: g for g in (H100, A100)}
+
+
+def gpu(name: str | None) -> GPU:
+    """The :class:`GPU` called ``name`` in :data:`GPUS` (None: the default, :data:`H100`)."""
+    if name is None:
+        return H100
+    if not isinstance(name, str) or name not in GPUS:
+        raise ValueError(f"unknown gpu {name!r}; choose one of {list(GPUS)}")
+    return GPUS[name]
+
+
+def gpu_memory(name: str | None, gpu_memory_gb: float | None) -> float:
+    """The GPU memory in GB a calculator uses: ``gpu_memory_gb``, or the named GPU's capacity
+    (the default GPU's when neither is given). Both given and different: a ValueError."""
+    if name is None:
+        return GPU_MEMORY_GB if gpu_memory_gb is None else gpu_memory_gb
+    card = gpu(name)
+    if gpu_memory_gb is not None and gpu_memory_gb != card.memory_gb:
+        raise ValueError(f"gpu={name!r} has {card.memory_gb:g} GB but gpu_memory_gb="
+                         f"{gpu_memory_gb!r} was given too; give one of them, or both agreeing")
+    return card.memory_gb
 
 #: The default GPU memory of every calculator, GB.
 GPU_MEMORY_GB = H100.memory_gb

@@ -8,7 +8,9 @@ lists what it takes as given; ``explain`` says why the winner wins, in words),
 replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the
 slides' CNN advice measured, and a data + tensor parallel step run), ``zero_tensor`` (ZeRO
 over the copies of a tensor-parallel MLP), ``expert_data`` (experts split over ``ep`` ranks
-inside ``dp`` data-parallel ones, each expert's gradient summed over its holders). The
+inside ``dp`` data-parallel ones, each expert's gradient summed over its holders),
+``published`` (published training runs as data, Narayanan et al. 2021's Table 1, and the
+planner's price of each). The
 slides' summary and
 the copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
 (:mod:`parlab.experiments`). This is the only layer that combines strategies: each hybrid
@@ -31,6 +33,9 @@ from parlab.hybrid.cnn import (
 from parlab.hybrid.cnn_step import hybrid_step
 from parlab.hybrid.zero_tensor import run_zero_tensor, ZeroTensorRun
 from parlab.hybrid.expert_data import expert_data_rank, ExpertDataRun, MoEBlock, run_expert_data
+from parlab.hybrid.published import (
+    NARAYANAN_2021_TABLE_1, paper_flops, predict, predict_all, Prediction, PublishedRun
+)
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
@@ -38,4 +43,6 @@ __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "eva
            "hybrid_name", "crossover_batch", "assignment_bytes", "HybridTraffic",
            "hybrid_traffic", "TENSOR_SPLITS", "hybrid_step", "run_zero_tensor",
            "ZeroTensorRun", "Placement", "placement", "CnnCommunication", "cnn_communication",
-           "run_expert_data", "ExpertDataRun", "expert_data_rank", "MoEBlock"]
+           "run_expert_data", "ExpertDataRun", "expert_data_rank", "MoEBlock",
+           "PublishedRun", "NARAYANAN_2021_TABLE_1", "Prediction", "paper_flops", "predict",
+           "predict_all"]

@@ -16,14 +16,21 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   Language Model Training on GPU Clusters Using Megatron-LM", 2021; the GPT-3 paper, Brown et
   al. 2020, Table 2.1, gives about 3.2 M tokens); training FLOPs = 6 x parameters x tokens
   (forward 2, backward 4; the attention-score FLOPs, a few percent at this length, are left
-  out); each GPU does 1/gpus of it at ``gpu_tflops`` (989 TFLOP/s: H100 SXM dense bf16 peak) x
-  ``mfu`` (0.4: the share of peak a GPU sustains in large matrix multiplications) x the
-  roofline efficiency of a micro-batch (:func:`parlab.models.block_matmul_efficiency`: a
-  micro-batch of b x seq tokens keeps a block's weight products compute-bound only if their
-  FLOPs per byte reach ``gpu_tflops / gpu_tb_per_s``, 295 on an H100; below that, the share is
-  intensity / ridge). So small micro-batches cost compute time, large ones cost bubble and
+  out unless ``attention_flops=True``, which adds 3 x 4 T d per token and block, T the
+  sequence: the forward's QK^T and weighted sum of V, and their two gradients; off by
+  default so that the chapters' planned layouts keep their numbers); each GPU does 1/gpus of it at ``gpu_tflops`` x ``mfu`` (0.4: the share of peak a
+  GPU sustains in large matrix multiplications) x the roofline efficiency of a micro-batch
+  (:func:`parlab.models.block_matmul_efficiency`: a micro-batch of b x seq tokens keeps a
+  block's weight products compute-bound only if their FLOPs per byte reach ``gpu_tflops /
+  gpu_tb_per_s``, 295 on an H100, 153 on an A100; below that, the share is intensity /
+  ridge). So small micro-batches cost compute time, large ones cost bubble and
   memory, and the search weighs the two; ``gpu_tb_per_s=math.inf`` switches the effect off.
   Bubbles and communication come on top, so the planner's own "achieved MFU" comes out lower.
+- **GPU**: ``gpu`` names a card of :data:`parlab.hardware.GPUS` ("H100-80GB", the default,
+  or "A100-80GB"); ``gpu_tflops`` (dense bf16 peak) and ``gpu_tb_per_s`` (HBM bandwidth)
+  come from its datasheet unless given (then they override it), the planner's memory limit
+  is its capacity (``gpu_memory_gb`` too, if it agrees: else a ValueError) and its default
+  cluster's NVLink its NVLink speed.
 - **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
   parameter), activations of the micro-batches in flight; ``zero`` (ZeRO stage 0-3, chapter
   06) shards the model states over the dp replicas, and stage 3 makes the data-parallel
@@ -75,7 +82,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab import memory
-from parlab.hardware import H100_BF16_TFLOPS, H100_HBM_TB_PER_S
+from parlab import hardware
 from parlab.models import MFU
 from parlab.tensor_parallel import divisors
 from parlab.checks import check_choice, check_count
@@ -132,16 +139,22 @@ class Assumptions:
     seq: int | None = None            # None: the model's context length
     precision: str = "bf16"
     optimizer: str = "adam"
-    gpu_tflops: float = H100_BF16_TFLOPS
+    gpu: str | None = None            # a name in parlab.hardware.GPUS; None: "H100-80GB"
+    gpu_tflops: float | None = None   # None: the gpu's dense bf16 peak (an override otherwise)
     mfu: float = MFU
-    gpu_tb_per_s: float = H100_HBM_TB_PER_S  # memory bandwidth: the roofline's ridge point
+    gpu_tb_per_s: float | None = None  # HBM bandwidth, the roofline's ridge; None: the gpu's
     schedule: str = "1f1b"
     microbatches: tuple | None = None  # None: every count that divides a replica's batch
     zero: int = 0                      # ZeRO stage of the data-parallel replicas
     recompute: str | tuple | None = None  # None, "full", "selective", or a tuple to try each
     sequence_parallel: bool = False    # Megatron's: norm regions split over the tp GPUs
+    attention_flops: bool = False      # add the attention scores' FLOPs to the compute
 
     def __post_init__(self):
+        card = hardware.gpu(self.gpu)       # an unknown name: a ValueError listing GPUS
+        for name, value in (("gpu_tflops", card.bf16_tflops), ("gpu_tb_per_s", card.hbm_tb_per_s)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         check_count("global_batch", self.global_batch, "sequences per step")
         if self.seq is not None:
             check_count("seq", self.seq)  # 0 would silently mean the model's context
@@ -171,9 +184,14 @@ class Assumptions:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{list(memory.ESTIMATED_SCHEDULES)}")
         _recompute_options(self.recompute)
-        if not isinstance(self.sequence_parallel, bool):
-            raise TypeError(f"sequence_parallel must be True or False, got "
-                            f"{self.sequence_parallel!r}")
+        for name in ("sequence_parallel", "attention_flops"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def device(self) -> hardware.GPU:
+        """The GPU's datasheet (:data:`parlab.hardware.GPUS`)."""
+        return hardware.gpu(self.gpu)
 
     @property
     def recompute_options(self) -> tuple:

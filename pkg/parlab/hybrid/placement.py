@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from parlab.hardware import NIC_GBPS
-from parlab.comm import GROUP_KINDS, Mesh, Topology, link_type, rail_optimized
+from parlab.hardware import NIC_GBPS, gpu as gpu_named
+from parlab.comm import GROUP_KINDS, NVLINK, Mesh, Topology, link_type, rail_optimized
 from parlab.tensor_parallel import divisors
 from parlab.checks import check_count, check_positive_number
 
@@ -46,9 +46,15 @@ def _servers(gpus: int, gpus_per_server: int) -> int:
     return math.ceil(gpus / gpus_per_server)
 
 
-def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = NIC_GBPS, **links) -> Topology:
-    """The rail-optimized cluster that holds ``gpus`` GPUs: full servers, or one partial server."""
+def cluster(gpus: int, gpus_per_server: int = 8, nic_gbps: float = NIC_GBPS, gpu: str | None = None,
+            **links) -> Topology:
+    """The rail-optimized cluster that holds ``gpus`` GPUs: full servers, or one partial server.
+
+    ``gpu``: a name in :data:`parlab.hardware.GPUS`, whose NVLink speed (per direction) the
+    servers get, unless ``nvlink`` is given; None: the default H100's."""
     servers = _servers(gpus, gpus_per_server)
+    if gpu is not None and "nvlink" not in links:
+        links["nvlink"] = replace(NVLINK, bandwidth=gpu_named(gpu).nvlink_gb_per_s * 1e9)
     check_positive_number("nic_gbps", nic_gbps, "a NIC's speed in Gb/s")
     return rail_optimized(servers, gpus_per_server, nic_gbps, **links)
 

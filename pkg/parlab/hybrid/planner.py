@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from parlab.hardware import GPU_MEMORY_GB, NIC_GBPS
+from parlab.hardware import NIC_GBPS, gpu_memory
 from parlab import memory
 from parlab.memory import Breakdown
 from parlab.units import format_bytes
@@ -229,6 +229,9 @@ def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_b
     # one micro-batch through one stage: 1/(tp x pp) of the model's FLOPs for b x seq tokens
     compute = compute_seconds(count_parameters(config)["total"] / (tp * pp), b * seq,
                               a.gpu_tflops, rate)
+    if a.attention_flops:   # QK^T and the sum of V: 3 x (forward, what selective repeats)
+        scores = memory.recompute_flops(config, b * seq, "selective", seq).extra / (tp * pp)
+        compute += flops_seconds(3 * scores, a.gpu_tflops, rate)
     extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
     again = flops_seconds(extra, a.gpu_tflops, rate)
     activation = b * seq * config.d_model * element                 # what crosses a boundary
@@ -251,15 +254,17 @@ def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_b
     return times
 
 
-def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float = GPU_MEMORY_GB,
+def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float | None = None,
              topology: Topology | None = None, assumptions: Assumptions | None = None,
              **kwargs) -> Layout:
     """Memory and step time of one layout (fitting or not); keywords as in :func:`plan`, with
-    one ``recompute`` setting (None, "full" or "selective")."""
+    one ``recompute`` setting (None, "full" or "selective"). ``gpu_memory_gb`` None: the
+    capacity of the assumptions' ``gpu``; the default cluster has its NVLink."""
     config = get_config(config)
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
         check_count(name, value)  # before cluster(dp * tp * pp) would blame the product, "gpus"
     a = assumptions or _assumptions(kwargs)
+    gpu_memory_gb = gpu_memory(a.gpu, gpu_memory_gb)
     if len(a.recompute_options) != 1:
         raise ValueError(f"evaluate prices one layout: give one recompute setting (None, "
                          f"'full' or 'selective'), got {a.recompute!r}; search() tries several")
@@ -269,7 +274,7 @@ def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb
 
 def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assumptions,
               recompute) -> Layout:
-    topology = topology or cluster(dp * tp * pp)
+    topology = topology or cluster(dp * tp * pp, gpu=a.gpu)
     per_server = min(topology.gpus_per_server, dp * tp * pp)
     problem = split_problem(config, tp, pp, per_server)
     if problem:
@@ -303,16 +308,17 @@ def _triples(gpus: int):
             yield gpus // (tp * pp), tp, pp
 
 
-def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: Topology | None = None,
+def search(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: Topology | None = None,
            nic_gbps: float = NIC_GBPS, gpus_per_server: int = 8, **assumptions) -> Search:
     """Evaluate every valid (dp, tp, pp, m) for ``config`` on ``gpus`` GPUs (see :func:`plan`)."""
     config = get_config(config)
     check_count("gpus", gpus)
     a = _assumptions(assumptions)
+    gpu_memory_gb = gpu_memory(a.gpu, gpu_memory_gb)
     if not gpu_memory_gb > 0:
         raise ValueError(f"gpu_memory_gb must be positive, got {gpu_memory_gb!r}")
     if topology is None:
-        topology = cluster(gpus, gpus_per_server, nic_gbps)
+        topology = cluster(gpus, gpus_per_server, nic_gbps, gpu=a.gpu)
     elif topology.size < gpus:
         raise ValueError(f"the topology has {topology.size} GPUs, fewer than gpus={gpus}")
     result = Search(config, gpus, gpu_memory_gb, topology, a)
@@ -352,15 +358,17 @@ def search(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology:
     return result
 
 
-def plan(config, gpus: int, gpu_memory_gb: float = GPU_MEMORY_GB, *, topology: Topology | None = None,
+def plan(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: Topology | None = None,
          nic_gbps: float = NIC_GBPS, gpus_per_server: int = 8, **assumptions) -> list[Layout]:
-    """The layouts of ``config`` on ``gpus`` GPUs that fit in ``gpu_memory_gb``, fastest first.
+    """The layouts of ``config`` on ``gpus`` GPUs that fit in ``gpu_memory_gb`` (None: the
+    ``gpu``'s capacity, 80 GB for the default H100), fastest first.
 
     ``config`` is a GPT or Llama-style config (:mod:`parlab.models`), its name (``"GPT-3
     175B"``, ``"Llama-3-8B"``), or a Hugging Face ``config.json`` as a dict or a path. The
     cluster is ``topology``, or a rail-optimized one of servers of ``gpus_per_server`` GPUs
     with ``nic_gbps`` NICs. Other keywords are :class:`Assumptions` (global_batch, seq,
-    precision, optimizer, gpu_tflops, mfu, gpu_tb_per_s, schedule, microbatches, zero,
+    precision, optimizer, gpu (a name in :data:`parlab.hardware.GPUS`), gpu_tflops, mfu,
+    gpu_tb_per_s, schedule, microbatches, zero, sequence_parallel,
     recompute: None, "full", "selective", or a tuple of them such as ``(None, "full")`` to
     try each). Each
     layout has its degrees, recompute setting, memory and step time, ``placement()`` and

@@ -62,7 +62,7 @@ import os
 
 from torch import nn
 
-from parlab.hardware import GPU_MEMORY_GB
+from parlab.hardware import gpu_memory
 from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
@@ -338,10 +338,10 @@ def rank_breakdowns(s: Setup, label: str) -> list[Breakdown]:
 
 def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
              dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
-             schedule: str = "1f1b", gpu_memory_gb: float = GPU_MEMORY_GB, zero: int = 0,
+             schedule: str = "1f1b", gpu_memory_gb: float | None = None, zero: int = 0,
              recompute: str | None = None, *, example_input=None, loss_fn=None,
              split_points=None, ep: int = 1, cp: int = 1, cp_method: str = "ring",
-             sequence_parallel: bool = False) -> Breakdown:
+             sequence_parallel: bool = False, gpu: str | None = None) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
@@ -373,9 +373,11 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     weights, so the job has dp x tp x pp x cp GPUs and ZeRO shards over the dp x cp of them
     that hold the same layers, as Megatron-LM's distributed optimizer does.
     ``sequence_parallel`` (Megatron's) splits the norm regions' tokens over the ``tp`` GPUs.
+    ``gpu``: a name in :data:`parlab.hardware.GPUS`, whose capacity is the limit (None: 80 GB,
+    or ``gpu_memory_gb``; giving both is a ValueError unless they agree).
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
-                      schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
+                      schedule, gpu_memory(gpu, gpu_memory_gb), zero, recompute, example_input=example_input,
                       loss_fn=loss_fn, split_points=split_points, ep=ep, cp=cp,
                       cp_method=cp_method, sequence_parallel=sequence_parallel)
     label = describe_setup(s, "estimate per GPU")

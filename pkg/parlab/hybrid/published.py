@@ -1,0 +1,167 @@
+"""Published training runs, as their papers tabulate them, and the planner's prediction of each.
+
+Why this module exists: a planner is only as good as its agreement with what real clusters
+measured. This module keeps the measured rows as committed data (typed from the paper,
+never computed from our model) and prices each one with :func:`parlab.hybrid.evaluate` at
+the published degrees, so a test and chapter 05 can show the error of every row.
+
+**Narayanan et al. (2021)**, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM" (SC '21, arXiv:2104.04473), **Table 1**: GPT models of 1.7 billion to
+1 trillion parameters on up to 3,072 A100-80GB GPUs (DGX A100 servers of 8, eight 200 Gb/s
+HDR InfiniBand NICs each, section 5), vocabulary 51,200, sequence 2048, mixed precision,
+with their tensor- and pipeline-parallel degrees, GPU count and global batch, and the
+achieved teraFLOP/s per GPU. The paper counts those FLOPs with its own formula (section
+5.1), full activation recomputation included, so one iteration of B sequences is::
+
+    F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
+
+(:func:`paper_flops`), and achieved TFLOP/s per GPU = F / (iteration time x GPUs).
+
+**How a row is predicted** (:func:`predict`): the planner's own model, nothing tuned per
+row: the published tp, pp and dp = GPUs / (tp pp), the published batch, full recomputation,
+the A100-80GB datasheet (:data:`parlab.hardware.A100`) and a rail-optimized cluster with 200
+Gb/s NICs. Table 1 gives no micro-batch size, so every micro-batch count that divides a
+replica's share of the batch is priced and the fastest that fits in 80 GB is kept (the
+paper tuned its micro-batch size too). The predicted step time gives the predicted TFLOP/s
+through the same F, so the ratio of the two TFLOP/s is the inverse ratio of the times.
+
+Known gaps, the reasons a row can miss (written into each expected failure of
+``tests/test_published_runs.py``): the planner has no interleaved pipeline schedule, which
+the paper introduced and used for its pipelined runs, so 1F1B's larger bubble is priced
+instead; its compute speed is one flat share of peak (``mfu`` = 0.4) times the roofline of a
+micro-batch's shapes, not a measured efficiency curve of the A100's matrix multiplications;
+and the data-parallel all-reduce is not overlapped with the backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parlab.hardware import A100
+from parlab.models import TransformerConfig
+from parlab.hybrid.planner import Layout, evaluate
+from parlab.hybrid.placement import cluster
+from parlab.tensor_parallel import divisors
+from parlab.checks import check_count
+
+__all__ = ["PublishedRun", "NARAYANAN_2021_TABLE_1", "Prediction", "paper_flops", "predict",
+           "predict_all"]
+
+#: Table 1's shared settings: vocabulary and sequence length (Narayanan et al. 2021, sec. 5.1).
+VOCAB, SEQ = 51_200, 2048
+#: The cluster of the paper's runs: DGX A100 servers, 8 GPUs and 8 HDR NICs of 200 Gb/s each.
+NIC_GBPS, GPUS_PER_SERVER = 200, 8
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One row of a paper's table: the model, its layout and what was measured."""
+
+    source: str                 # paper, table and row
+    params_billion: float
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    batch: int                  # global batch, sequences
+    tflops_per_gpu: float       # achieved teraFLOP/s per GPU, as published
+    percent_of_peak: int        # as published (of 312 TFLOP/s)
+    aggregate_pflops: float     # as published
+    gpu: str = A100.name
+    nic_gbps: float = NIC_GBPS
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def config(self) -> TransformerConfig:
+        """The GPT of this row: d_ff = 4 h, the output layer tied to the embedding (Megatron's
+        GPT; the paper's parameter count, 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), counts
+        V h once)."""
+        return TransformerConfig(f"GPT {self.params_billion:g}B", self.hidden, self.layers,
+                                 self.heads, 4 * self.hidden, VOCAB, SEQ)
+
+    @property
+    def step_time_s(self) -> float:
+        """The iteration time the published TFLOP/s imply: F / (TFLOP/s x GPUs)."""
+        return paper_flops(self) / (self.tflops_per_gpu * 1e12 * self.gpus)
+
+
+def _row(n, *values) -> PublishedRun:
+    return PublishedRun(f"Narayanan et al. 2021, Table 1, row {n}", *values)
+
+
+#: Narayanan et al. (2021), Table 1, rows 1-10: parameters (billion), attention heads, hidden
+#: size, layers, tensor-parallel size, pipeline-parallel size, GPUs, batch size, achieved
+#: teraFLOP/s per GPU, percentage of theoretical peak, achieved aggregate petaFLOP/s.
+NARAYANAN_2021_TABLE_1 = (
+    _row(1, 1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 4.4),
+    _row(2, 3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 8.8),
+    _row(3, 7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 18.2),
+    _row(4, 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 34.6),
+    _row(5, 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 70.8),
+    _row(6, 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 143.8),
+    _row(7, 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 227.1),
+    _row(8, 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 297.4),
+    _row(9, 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2),
+    _row(10, 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0),
+)
+
+
+def paper_flops(run: PublishedRun) -> float:
+    """FLOPs of one iteration as Narayanan et al. (2021, section 5.1) count them, full
+    recomputation included: 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
+    b, s, l, h, v = run.batch, SEQ, run.layers, run.hidden, VOCAB
+    return 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A published run beside the planner's price of the same layout."""
+
+    run: PublishedRun
+    layout: Layout              # the fastest fitting micro-batch count at the published degrees
+
+    @property
+    def step_time_s(self) -> float:
+        return self.layout.step_time_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Predicted achieved TFLOP/s per GPU, with the paper's FLOP count."""
+        return paper_flops(self.run) / (self.step_time_s * self.run.gpus) / 1e12
+
+    @property
+    def time_error(self) -> float:
+        """(predicted - published) / published step time: positive = predicted slower."""
+        return self.step_time_s / self.run.step_time_s - 1
+
+    @property
+    def tflops_error(self) -> float:
+        """(predicted - published) / published TFLOP/s per GPU."""
+        return self.tflops_per_gpu / self.run.tflops_per_gpu - 1
+
+
+def predict(run: PublishedRun, schedule: str = "1f1b", **assumptions) -> Prediction:
+    """The planner's price of ``run`` at its published degrees (see the module docstring);
+    ``assumptions``: other :class:`~parlab.hybrid.Assumptions` keywords."""
+    topology = cluster(run.gpus, GPUS_PER_SERVER, run.nic_gbps, gpu=run.gpu)
+    share = run.batch // run.dp
+    keywords = dict(global_batch=run.batch, seq=SEQ, gpu=run.gpu, recompute="full",
+                    schedule=schedule, **assumptions)
+    layouts = [evaluate(run.config, run.dp, run.tp, run.pp, m, topology=topology, **keywords)
+               for m in divisors(share)]
+    fitting = [lay for lay in layouts if lay.fits]
+    if not fitting:
+        raise ValueError(f"{run.source}: no micro-batch count fits in {A100.memory_gb:g} GB")
+    return Prediction(run, min(fitting, key=lambda lay: (round(lay.step_time_s, 9),
+                                                         lay.microbatches)))
+
+
+def predict_all(runs=NARAYANAN_2021_TABLE_1, **assumptions) -> list[Prediction]:
+    """:func:`predict` for every run."""
+    check_count("runs", len(runs))
+    return [predict(run, **assumptions) for run in runs]

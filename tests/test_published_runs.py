@@ -1,0 +1,169 @@
+"""The planner against published training runs (Narayanan et al. 2021, Table 1), and the GPU
+named by its datasheet (``gpu=``): errors, and A100 against H100 from the datasheets' numbers.
+
+One tolerance for every row (issue 31): the predicted step time within 15 % of the one the
+published TFLOP/s imply. A row the model misses is an expected failure (strict: it fails the
+suite if it starts to pass, so the mark is removed then) with its reason written below.
+"""
+
+import pytest
+
+from parlab import memory
+from parlab.hardware import GPUS
+from parlab.hybrid import (
+    Assumptions, NARAYANAN_2021_TABLE_1, cluster, evaluate, paper_flops, plan, predict
+)
+
+TIME_TOLERANCE = 0.15
+
+#: What the step model lacks, shared by every row: the compute runs at a flat mfu = 0.4 of
+#: the A100's 312 TFLOP/s (not a measured A100 matrix-multiply curve), so even with no bubble
+#: and no communication the paper's FLOPs could come out at 0.4 x 312 = 125 TFLOP/s per GPU,
+#: below every published row (137 to 163, i.e. 44 % to 52 % of peak with the bubbles and
+#: the communication already paid).
+COMPUTE = ("compute at a flat 40 % of peak (no measured A100 matmul efficiency), below the "
+           "{pct} % of peak this run reached end to end")
+#: Pipelined rows: the planner has no interleaved schedule, which the paper introduced and
+#: used; it prices 1F1B's larger bubble.
+INTERLEAVED = "no interleaved pipeline schedule (1F1B's bubble priced instead)"
+#: Data-parallel rows: the gradient all-reduce is not overlapped with the backward pass.
+OVERLAP = "data-parallel all-reduce not overlapped with the backward pass"
+
+
+def _reason(run) -> str:
+    parts = [COMPUTE.format(pct=run.percent_of_peak)]
+    if run.pp > 1:
+        parts.append(INTERLEAVED)
+    if run.dp > 1:
+        parts.append(OVERLAP)
+    return "; ".join(parts)
+
+
+#: The rows the model misses by more than the tolerance today (all of them: see COMPUTE).
+MISSES = {run.source for run in NARAYANAN_2021_TABLE_1}
+
+
+def _params(runs):
+    return [pytest.param(run, id=run.source.split(", ")[-1].replace(" ", ""),
+                         marks=[pytest.mark.xfail(strict=True, reason=_reason(run))]
+                         if run.source in MISSES else [])
+            for run in runs]
+
+
+@pytest.mark.parametrize("run", _params(NARAYANAN_2021_TABLE_1))
+def test_step_time_within_tolerance(run):
+    prediction = predict(run, attention_flops=True)
+    assert abs(prediction.time_error) <= TIME_TOLERANCE, (
+        f"{run.source}: predicted {prediction.tflops_per_gpu:.0f} TFLOP/s per GPU, published "
+        f"{run.tflops_per_gpu}; step {prediction.step_time_s:.1f} s against "
+        f"{run.step_time_s:.1f} s ({prediction.time_error:+.0%})")
+
+
+@pytest.mark.parametrize("run", NARAYANAN_2021_TABLE_1, ids=lambda r: r.source[-6:])
+def test_table_transcribed_consistently(run):
+    """The typed row agrees with itself: the paper's parameter formula (section 5.1,
+    P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))) gives its parameter column, TFLOP/s x GPUs
+    its aggregate column and TFLOP/s / 312 (A100 bf16 peak) its percentage."""
+    l, h, v, s = run.layers, run.hidden, 51_200, 2048
+    params = 12 * l * h ** 2 * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+    assert abs(params / 1e9 - run.params_billion) <= 0.05 + 1e-9   # printed to 0.1 billion
+    assert run.tflops_per_gpu * run.gpus / 1000 == pytest.approx(run.aggregate_pflops, rel=0.01)
+    assert abs(100 * run.tflops_per_gpu / 312 - run.percent_of_peak) < 1
+    assert run.gpus % (run.tp * run.pp) == 0 and run.batch % run.dp == 0
+    assert run.hidden % run.heads == 0 and run.layers % run.pp == 0
+
+
+def test_paper_flops_by_hand():
+    row1 = NARAYANAN_2021_TABLE_1[0]   # 1.7B: B 512, l 24, h 2304
+    by_hand = 96 * 512 * 2048 * 24 * 2304 ** 2 * (1 + 2048 / 13824 + 51200 / 884736)
+    assert paper_flops(row1) == pytest.approx(by_hand)
+    # 137 TFLOP/s on 32 GPUs: the iteration the published number implies
+    assert row1.step_time_s == pytest.approx(by_hand / (137e12 * 32))
+
+
+def test_prediction_uses_the_published_layout():
+    run = NARAYANAN_2021_TABLE_1[-1]   # 1T: tp 8, pp 64, 3072 GPUs
+    lay = predict(run).layout
+    assert (lay.dp, lay.tp, lay.pp) == (6, 8, 64) and lay.recompute == "full"
+    assert lay.assumptions.gpu == "A100-80GB" and lay.fits
+    assert lay.topology.links["rail"].bandwidth == pytest.approx(200e9 / 8)   # HDR, 25 GB/s
+    assert lay.topology.links["nvlink"].bandwidth == pytest.approx(300e9)     # NVLink3 per way
+
+
+# --- the gpu keyword -----------------------------------------------------------------------
+
+def test_unknown_gpu_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown gpu 'V100'.*H100-80GB.*A100-80GB"):
+        Assumptions(gpu="V100")
+    with pytest.raises(ValueError, match="unknown gpu"):
+        plan("GPT-2 small", 8, gpu="B200")
+    with pytest.raises(ValueError, match="unknown gpu"):
+        memory.estimate("GPT-2 small", (8, 1024), gpu="a100")
+
+
+def test_gpu_and_memory_that_disagree_are_an_error():
+    with pytest.raises(ValueError, match="gpu='A100-80GB' has 80 GB but gpu_memory_gb=40"):
+        evaluate("GPT-2 small", 1, 1, 1, 1, 40, gpu="A100-80GB", global_batch=8)
+    with pytest.raises(ValueError, match="gpu_memory_gb=40"):
+        plan("GPT-2 small", 8, 40, gpu="A100-80GB")
+    with pytest.raises(ValueError, match="gpu_memory_gb=40"):
+        memory.estimate("GPT-2 small", (8, 1024), gpu="A100-80GB", gpu_memory_gb=40)
+    # agreeing is fine, and the capacity is the datasheet's 80 GB
+    assert memory.estimate("GPT-2 small", (8, 1024), gpu="A100-80GB",
+                           gpu_memory_gb=80).capacity == 80 * 10 ** 9
+    assert memory.estimate("GPT-2 small", (8, 1024), gpu="A100-80GB").capacity == 80 * 10 ** 9
+    assert memory.estimate("GPT-2 small", (8, 1024), gpu_memory_gb=40).capacity == 40 * 10 ** 9
+
+
+def test_a100_is_slower_by_the_datasheets_ratio():
+    """One GPU, micro-batches large enough to be compute-bound on both (2048 tokens, above
+    either ridge: 989/3.35 = 295 and 312/2.039 = 153 FLOPs per byte): the step is pure
+    compute, so A100 over H100 is the ratio of the dense bf16 peaks, 989 / 312."""
+    job = dict(global_batch=2, seq=1024)
+    h100 = evaluate("GPT-2 small", 1, 1, 1, 1, gpu="H100-80GB", **job)
+    a100 = evaluate("GPT-2 small", 1, 1, 1, 1, assumptions=Assumptions(gpu="A100-80GB", **job))
+    assert h100.efficiency == a100.efficiency == 1
+    assert a100.step_time_s / h100.step_time_s == pytest.approx(989 / 312)
+    assert a100.assumptions.gpu_tflops == 312 and a100.assumptions.gpu_tb_per_s == 2.039
+
+
+def test_a100_tensor_all_reduce_rides_its_nvlink():
+    """tp = 8 in one server: the tensor part is ring all-reduces over NVLink, whose
+    bandwidth term scales as 1 / NVLink speed: 450 / 300 GB/s per direction (the latency
+    term, 1 us per step, is the same on both and small at these sizes)."""
+    job = dict(global_batch=8, seq=2048)
+    h100 = evaluate("GPT-3 6.7B", 1, 8, 1, 1, **job)
+    a100 = evaluate("GPT-3 6.7B", 1, 8, 1, 1, gpu="A100-80GB", **job)
+    assert a100.times["tensor"] / h100.times["tensor"] == pytest.approx(450 / 300, rel=0.01)
+
+
+def test_cluster_takes_the_gpus_nvlink_and_the_nic_speed():
+    topo = cluster(16, 8, 200, gpu="A100-80GB")
+    assert topo.links["nvlink"].bandwidth == pytest.approx(GPUS["A100-80GB"].nvlink_gb_per_s * 1e9)
+    assert topo.links["rail"].bandwidth == pytest.approx(25e9)
+    assert cluster(16).links["nvlink"].bandwidth == pytest.approx(450e9)
+
+
+def test_attention_flops_add_twelve_s_d_per_token_and_layer():
+    """attention_flops=True adds 3 x 4 s d FLOPs per token and layer (QK^T and the weighted
+    sum of V, forward and their two gradients) to the compute: by hand for GPT-2 small."""
+    job = dict(global_batch=2, seq=1024)
+    off = evaluate("GPT-2 small", 1, 1, 1, 1, **job)
+    on = evaluate("GPT-2 small", 1, 1, 1, 1, attention_flops=True, **job)
+    extra = 12 * 1024 * 768 * 12 * (2 * 1024)        # 12 s d x layers x tokens
+    assert on.times["compute"] - off.times["compute"] == pytest.approx(
+        extra / (989e12 * 0.4))
+    with pytest.raises(TypeError, match="attention_flops must be True or False"):
+        Assumptions(attention_flops="yes")
+
+
+@pytest.mark.parametrize("run", NARAYANAN_2021_TABLE_1, ids=lambda r: r.source[-6:])
+def test_planner_counts_the_papers_flops(run):
+    """With attention_flops and full recompute, the planner's compute and recompute parts
+    are the paper's F (section 5.1) at mfu x peak: F / ((compute + recompute) x GPUs) is
+    0.4 x 312 TFLOP/s (within 0.5 %: the paper counts the output layer in all four passes,
+    the planner's recompute repeats only the blocks). So the rows' misses are the speed
+    assumed, not the work counted."""
+    lay = predict(run, attention_flops=True).layout
+    seconds = lay.times["compute"] + lay.times["recompute"]
+    assert paper_flops(run) / (seconds * run.gpus) == pytest.approx(0.4 * 312e12, rel=0.005)
