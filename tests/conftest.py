@@ -1,7 +1,27 @@
-"""Shared fixtures, and which chapters nbval runs."""
+"""Shared fixtures, which chapters nbval runs, and the torch threads of a test process."""
+import os
+
 import pytest
 
 from chromium import missing as browser_missing
+
+
+def pytest_configure(config):
+    """Share the cores among pytest-xdist's workers: ``cores // workers`` torch threads each.
+
+    Every worker (and the kernels, JupyterLab and scripts it starts, through
+    ``OMP_NUM_THREADS``) would otherwise use a thread per core, so two workers on two cores
+    run four busy threads. The models here are small: an OpenMP region whose second thread
+    is waiting for a core holds up the first, and a tiny matrix product that takes
+    microseconds alone took 12 ms (chapter 07's load-balancing figure: 10 to 30 s against
+    0.3 s). Ranks set their own threads (``run(..., threads=)``), so this changes no rank.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
