@@ -67,14 +67,16 @@ def _hang_on_rank_1(directory):
 
 
 def test_hanging_rank_fails_at_timeout_and_leaves_nothing(pid_dir):
+    # 4 s, not less: the timeout counts from the ranks' start, and on a loaded machine (the
+    # suite beside a browser test) rank 1 once took over 2 s to set up its group and return
     start = time.monotonic()
     with pytest.raises(RankTimeoutError) as info:
-        run(_hang_on_rank_1, 3, pid_dir, timeout=2)
+        run(_hang_on_rank_1, 3, pid_dir, timeout=4)
     elapsed = time.monotonic() - start
-    # the timeout counts from the moment every rank has started, so on a loaded machine the
-    # start-up comes on top; the upper bound only says that nothing waits much longer
-    assert 2 <= elapsed < 15
-    assert "did not finish within 2 s" in str(info.value)
+    # on a loaded machine the start-up comes on top; the upper bound only says that nothing
+    # waits much longer
+    assert 4 <= elapsed < 20
+    assert "did not finish within 4 s" in str(info.value)
     assert "[1] had returned from fn" in str(info.value)
     assert wait_gone(read_pids(pid_dir)) == []
 
