@@ -10,6 +10,8 @@ trust. The figure recipes run ranks here and hand the results to :mod:`parlab.vi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -89,6 +91,7 @@ def _all_reduce_16_floats():
     dist.all_reduce(torch.ones(16))
 
 
+@functools.cache  # two figures draw the same two runs
 def _demo_logs():
     return {name: run_with_traffic(_all_reduce_16_floats, 4, algorithm=name)[1]
             for name in ("ring", "naive")}
