@@ -52,6 +52,9 @@ against its own hand count, never a tolerance):
   fp32 master copy. So the comparison is in fp32, where the estimate counts no master
   weights either; a bf16 run here would hold bf16 Adam moments, not the estimate's
   mixed-precision fp32 master weights and moments.
+
+It composes three strategies, so it belongs above them; it sits with chapter 05's experiments
+(the planner's layouts) rather than in :mod:`parlab.hybrid`, which it would fit as well.
 """
 
 from __future__ import annotations
@@ -73,8 +76,6 @@ from parlab.sharded import Zero
 from parlab.tensor_parallel import parallelize
 
 __all__ = ["FakeRank", "fake_world", "measure_rank"]
-
-_STATE_PARTS = ("parameters", "gradients", "optimizer_state")
 
 
 @dataclass(frozen=True)
