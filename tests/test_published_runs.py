@@ -191,3 +191,27 @@ def test_interleaving_helps_the_pipelined_rows():
     """Rows 6-9 as run (interleaved) against the same rows priced as plain 1F1B: faster."""
     for run in NARAYANAN_2021_TABLE_1[5:9]:
         assert predict(run).step_time_s < predict(run, virtual_stages=1).step_time_s
+
+
+def test_exercise_05_6_by_hand():
+    """The 1T row by hand: the paper's work at 0.4 x 312 TFLOP/s, stretched by 1F1B's bubble
+    of 63 / (512 + 63) (the messages, a few percent, left out): within the checker's 5 %."""
+    from parlab.exercises import check
+    by_hand = 0.4 * 312 * 512 / (512 + 63)           # 111.1 TFLOP/s
+    assert check("05.6", round(by_hand)).ok is True
+    assert check("05.6", 163).ok is False            # the paper's measurement
+    assert check("05.6", 125).ok is False            # compute alone
+    assert check("05.6", 60).ok is False
+    answer = f"{predict(NARAYANAN_2021_TABLE_1[-1]).tflops_per_gpu:.0f}"
+    assert all(answer not in check("05.6", x).message for x in (60, 125, 163))
+
+
+def test_chapter_table_and_figure():
+    from parlab.experiments import published_rows, published_table
+    from parlab.experiments.ch05_published import compute_ceiling
+    rows = published_rows()
+    assert [r.row for r in rows] == list(range(1, 11))
+    assert [r.within for r in rows] == [r.prediction.run.source not in MISSES for r in rows]
+    text = published_table(rows)
+    assert "tp 8 x pp 64 x dp 6, b 1, v 1" in text and text.count("(miss)") == len(MISSES)
+    assert compute_ceiling() == pytest.approx(0.4 * 312)
