@@ -332,7 +332,8 @@ def plan(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: Top
     cluster is ``topology``, or a rail-optimized one of servers of ``gpus_per_server`` GPUs
     with ``nic_gbps`` NICs. Other keywords are :class:`Assumptions` (global_batch, seq,
     precision, optimizer, gpu (a name in :data:`parlab.hardware.GPUS`), gpu_tflops, mfu,
-    gpu_tb_per_s, schedule, microbatches, zero, sequence_parallel,
+    gpu_tb_per_s, schedule, virtual_stages (interleaved 1F1B), microbatches, zero,
+    sequence_parallel, attention_flops, overlap_data_parallel, scatter_gather,
     recompute: None, "full", "selective", or a tuple of them such as ``(None, "full")`` to
     try each). Each
     layout has its degrees, recompute setting, memory and step time, ``placement()`` and
