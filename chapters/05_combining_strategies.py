@@ -38,14 +38,14 @@
 #    micro-batches cost a GPU (the roofline); placement as a search problem (the slides'
 #    reinforcement-learning placer); what larger batches buy and what they may cost in
 #    accuracy; then plan Llama-3-8B, or your own `config.json`, with activation recomputation
-#    on and off;
+#    on and off; and check the planner against ten published training runs;
 # 4. run a small 3D-parallel job for real, split two ways along each of data, tensor and
 #    pipeline, equal to one-process training, with every message labelled by its group and
 #    link;
 # 5. see why serving a large model needs model parallelism too;
-# 6. solve five exercises: two ask you to predict what the notebook prints right after them
-#    (which part of memory, and a number of tokens), three ask for answers it never prints
-#    (link types, a batch size, a bubble fraction).
+# 6. solve six exercises: three ask you to predict what the notebook prints right after them
+#    (which part of memory, a number of tokens, a published run's speed), three ask for
+#    answers it never prints (link types, a batch size, a bubble fraction).
 
 # %% [markdown]
 # ## 1. CNNs: replicate the convolutions, split the fully connected layers
@@ -662,6 +662,102 @@ print(f"{len(mine)} layouts fit; the same as by name: "
 print(mine[0].explain())
 
 # %% [markdown]
+# ### Checked against published runs
+#
+# Every number of the planner so far is its own. Narayanan et al. (2021, "Efficient
+# Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Table 1) measured
+# ten GPT runs on A100 GPUs, the largest with a trillion parameters, each with its tensor
+# and pipeline degrees, GPU count and batch; the script that ran them is public too
+# (`examples/sc21/run_table_1.sh` in NVIDIA's Megatron-LM) and adds each run's micro-batch
+# size, the chunks per rank of its interleaved pipeline schedule, and which data-parallel
+# implementation it used. `parlab.hybrid.predict` prices every row at exactly that layout with
+# the planner's model and the A100's datasheet, with nothing tuned per row. Three things in
+# that model exist for these runs: interleaved 1F1B (`virtual_stages=`: each rank holds v
+# chunks of the model, so the bubble shrinks v-fold and each micro-batch crosses the links v
+# times as often; its bubble and its memory are held to chapter 03's simulator in the tests),
+# the data-parallel all-reduce overlapped with the last micro-batch's backward where PyTorch's
+# bucketed DDP ran it (`overlap_data_parallel=`), and the paper's scatter/gather of pipeline
+# messages over the eight NICs of a server. The paper reports achieved TFLOP/s per GPU and
+# counts the FLOPs with its own formula, recomputation included; the predictions use the same
+# count, so a TFLOP/s ratio is the inverse of the step times' ratio. One tolerance for every
+# row: the step time within <span data-glue="pub_tol">15</span> %.
+#
+# **Exercise 05.6 (predict first).** The largest row: a 1T GPT on 3,072 A100 GPUs (peak
+# 312 TFLOP/s), tp 8 x pp 64 x dp 6, one sequence per micro-batch, 512 micro-batches per
+# replica, plain 1F1B (its script does not interleave), full recomputation. The paper
+# measured 163 TFLOP/s per GPU. The planner runs the compute at 40 % of peak: what TFLOP/s
+# per GPU does it predict for this run?
+
+# %%
+answer_05_6 = ...
+check("05.6", answer_05_6)
+
+# %% [markdown]
+# All ten rows, published against predicted (a row misses when its step time is off by more
+# than the tolerance):
+
+# %%
+from parlab.experiments import published_rows, published_table
+from parlab.experiments.ch05_published import compute_ceiling, TIME_TOLERANCE
+from parlab.viz.plots import published_figure
+
+rows = published_rows()
+print(published_table(rows))
+show(published_figure(rows, TIME_TOLERANCE, compute_ceiling()))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+from parlab.hybrid import NARAYANAN_2021_TABLE_1, predict
+
+trillion, row9 = rows[-1].prediction, rows[8].prediction
+row9_plain = predict(NARAYANAN_2021_TABLE_1[8], virtual_stages=1)
+glue("pub_tol", 100 * TIME_TOLERANCE, ".0f")
+glue("pub_within", sum(r.within for r in rows))
+glue("pub_rows", len(rows))
+glue("pub_ceiling", compute_ceiling(), ".0f")
+glue("pub_1t_pred", trillion.tflops_per_gpu, ".0f")
+glue("pub_1t_published", trillion.run.tflops_per_gpu, "g")
+glue("pub_1t_bubble", 100 * trillion.layout.times["bubble"] / trillion.step_time_s, ".0f")
+glue("pub_first_err", 100 * rows[0].error, "+.0f")
+glue("pub_last_err", 100 * rows[-1].error, "+.0f")
+glue("pub_peak_lo", min(r.prediction.run.percent_of_peak for r in rows))
+glue("pub_peak_hi", max(r.prediction.run.percent_of_peak for r in rows))
+glue("pub_9_v", row9.run.virtual_stages)
+glue("pub_9_bubble", row9.layout.times["bubble"], ".1f")
+glue("pub_9_bubble_plain", row9_plain.layout.times["bubble"], ".1f")
+glue("pub_9_err", 100 * rows[8].error, "+.0f")
+glue("pub_9_err_plain", 100 * row9_plain.time_error, "+.0f")
+
+# %% [markdown]
+# Only <span data-glue="pub_within">2</span> of the <span data-glue="pub_rows">10</span> rows
+# come within the tolerance, and the reason is in the figure: every prediction sits under the
+# dashed line, <span data-glue="pub_ceiling">125</span> TFLOP/s, which is the paper's work
+# done at the planner's assumed speed with no bubble and no message at all. The runs
+# themselves reached <span data-glue="pub_peak_lo">43</span> % to
+# <span data-glue="pub_peak_hi">52</span> % of peak end to end, bubbles and messages
+# included, so their matrix multiplications ran well above the flat
+# <span data-glue="mfu_pct">40</span> % the planner assumes,
+# and further above it the larger the model, whose matrices are larger. The error grows with
+# the model accordingly, from <span data-glue="pub_first_err">+10</span> % on the smallest
+# row, almost pure compute, to <span data-glue="pub_last_err">+52</span> % on the largest,
+# which the planner prices at <span data-glue="pub_1t_pred">107</span> TFLOP/s against the
+# <span data-glue="pub_1t_published">163</span> measured; its plain 1F1B bubble, over 64
+# stages, is <span data-glue="pub_1t_bubble">11</span> % of the predicted step, a real cost
+# of that run and not the planner's error.
+#
+# The schedule and the overlap were the model's other known gaps, and closing them helps
+# where it should: the second largest row ran <span data-glue="pub_9_v">3</span> chunks per
+# rank, and
+# priced as plain 1F1B its bubble would be
+# <span data-glue="pub_9_bubble_plain">8.9</span> s instead of
+# <span data-glue="pub_9_bubble">3.0</span> s, an error of
+# <span data-glue="pub_9_err_plain">+53</span> % instead of
+# <span data-glue="pub_9_err">+44</span> %. What remains is the speed of the matrix
+# multiplications themselves: a curve of A100 efficiency against the shapes each layout
+# produces, which only a measurement on that GPU can give. Until then the tests keep the
+# eight misses as expected failures with their reason written, at the same tolerance, so
+# the day such a curve lands, a row that starts to pass is noticed.
+
+# %% [markdown]
 # ## 4. A 3D-parallel job, for real
 #
 # The planner never runs anything. `parlab.hybrid.run_3d` runs the smallest interesting
@@ -753,9 +849,9 @@ glue("serve_weights_x", weights / (gpu_gb * GB), ".1f")
 #
 # ## 6. Exercises
 #
-# Exercises 05.1 and 05.5 are in section 3, each before the cells that answer it. Replace
-# each `...` with your answer and run the cell. The checker says whether you are right and
-# why, without giving the answer away.
+# Exercises 05.1, 05.5 and 05.6 are in section 3, each before the cells that answer it.
+# Replace each `...` with your answer and run the cell. The checker says whether you are
+# right and why, without giving the answer away.
 #
 # **Exercise 05.2 (predict, then check with a run of your own).** dp 8 x tp 2 x pp 2 on
 # four servers of 8 GPUs, placed as the planner places ranks. Which link types does the
@@ -790,7 +886,9 @@ check("05.4", answer_05_4)
 #
 # Chapter 06 goes beyond the book: sharded data parallelism (ZeRO stages 0 to 3, PyTorch's
 # FSDP) run on real ranks, and activation recomputation; the planner above takes the ZeRO
-# stage as `zero=`. It still leaves out what production planners add: overlap of
-# communication with computation, interleaved pipeline schedules, and contention between
-# groups that share a NIC. Each is a change to one function of `parlab.hybrid.planner` and
-# a new column in its table: a good project to start from.
+# stage as `zero=`. Interleaved pipelines (`virtual_stages=`) and the data-parallel
+# all-reduce hidden behind the backward (`overlap_data_parallel=`) are options of its step
+# model (`parlab.hybrid.step`), off by default; it still leaves out ZeRO-3's prefetch
+# overlapped with compute, contention between groups that share a NIC, and, as the
+# published runs showed, a measured efficiency of the GPU's matrix multiplications. Each is
+# a change to one function of `parlab.hybrid.step`: a good project to start from.

@@ -1,6 +1,6 @@
 """Chapter 05 exercises: what pipeline depth cannot shrink, where a data-parallel ring runs, where
 a CNN layer's line falls, how the bubble follows the batch, and from how many tokens a weight
-product is compute-bound. Every expected answer is computed by the package when the checker
+product is compute-bound, and what the planner predicts for a published 1T run. Every expected answer is computed by the package when the checker
 runs, never typed in; a wrong answer gets a hint, never the answer. There is no answer key
 to call: the tests compute the answers their own way."""
 
@@ -172,3 +172,34 @@ def _roofline(answer):
     return wrong("Write the FLOPs (2 n k m) and the bytes moved (2 bytes for each element of "
                  "the input, the weight and the output) as functions of n, set their ratio "
                  "equal to peak FLOP/s over bytes per second, and solve for n.")
+
+
+def _trillion():
+    """The planner's prediction of Narayanan et al. (2021), Table 1, row 10 (1T)."""
+    from parlab.hybrid import NARAYANAN_2021_TABLE_1, predict
+    return predict(NARAYANAN_2021_TABLE_1[-1])
+
+
+@exercise("05.6", "Narayanan et al. (2021), Table 1, row 10: a 1T GPT on 3,072 A100s (312 "
+                  "TFLOP/s peak), tp 8 x pp 64 x dp 6, micro-batches of one sequence, 512 per "
+                  "replica, plain 1F1B, full recomputation. The paper measured 163 TFLOP/s per "
+                  "GPU. The planner runs compute at 40 % of peak; what TFLOP/s per GPU does "
+                  "it predict?")
+def _trillion_tflops(answer):
+    p, value = _trillion(), float(answer)
+    expected, a = p.tflops_per_gpu, p.layout.assumptions
+    ceiling = a.mfu * a.gpu_tflops
+    if abs(value - expected) <= 0.05 * expected:
+        return right(f"The pipeline's bubble ({p.layout.bubble_fraction:.0%} of the step) and "
+                     f"the tensor and pipeline messages come off the {ceiling:.0f} TFLOP/s "
+                     f"the compute alone would reach: the planner is far below the paper, "
+                     f"and the next cell shows why every large row misses.")
+    if abs(value - p.run.tflops_per_gpu) <= 2:
+        return wrong("That is the paper's measurement. The planner's compute speed is an "
+                     "assumption of its own: start from it.")
+    if abs(value - ceiling) <= 2:
+        return wrong("That is compute alone at 40 % of peak. What else does a step of 64 "
+                     "stages and 512 micro-batches pay for?")
+    return wrong("Start from 40 % of 312 TFLOP/s, the speed of the work the paper counts, "
+                 "then take off the idle share of a 1F1B pipeline of 64 stages and 512 "
+                 "micro-batches, and a little for the messages.")

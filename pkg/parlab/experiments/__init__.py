@@ -9,9 +9,10 @@ slides' strategies and the Megatron MLP on real ranks), ``ch04_book`` (the evide
 chapter's slips), ``ch04_figures`` (Figures 8-15 to 8-19, the strategies explorer),
 ``ch05`` (the planner's figures, the 3D job's traffic), ``ch05_summary`` (the slides' pros
 and cons, each with a number), ``ch05_copies`` (GPUs per model copy, chapter 01 against
-chapter 05), ``ch05_fake_ranks`` (one rank of
-a GPT-3 layout on PyTorch's fake process group: the model states the package's tensor-parallel
-and ZeRO code allocates, against the memory estimate), ``ch06`` (every ZeRO stage and FSDP2 on logged ranks, in one table), ``ch07`` (an
+chapter 05), ``ch05_fake_ranks`` (one rank of a GPT-3 layout on PyTorch's fake process
+group: the model states the package's tensor-parallel and ZeRO code allocates, against the
+memory estimate), ``ch05_published`` (the planner against Narayanan et al. 2021's Table 1),
+``ch06`` (every ZeRO stage and FSDP2 on logged ranks, in one table), ``ch07`` (an
 MoE layer routed token by token, split over logged ranks, and its capacity trade-off),
 ``ch08`` (one sequence split over ranks by ring, all-gather and Ulysses attention, with its
 bytes and its causal work per rank), ``ch09`` (the split backward on one stage, the
@@ -44,6 +45,7 @@ from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's f
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, depth_table
 from parlab.experiments.ch05_fake_ranks import FakeRank, fake_world, measure_rank
+from parlab.experiments.ch05_published import published_rows, published_table, PublishedRow
 from parlab.experiments.ch06 import stage_table
 from parlab.experiments.ch08 import (
     block_units, causal_work, causal_work_chart, compare_methods, context_inputs,
@@ -74,7 +76,9 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "split_table_reasons",
            "qkv_example", "qkv_shards", "book_names", "book_names_table", "cross_rail_bytes",
            "strategy_explorer", "SummaryRow", "summary_table", "summary_text", "CopySize",
-           "copy_sizes", "copy_table", "depth_table", "FakeRank", "fake_world", "measure_rank", "stage_table", "EXAMPLE", "RANKS", "TOKENS",
+           "copy_sizes", "copy_table", "depth_table", "FakeRank", "fake_world", "measure_rank",
+           "published_rows", "published_table", "PublishedRow", "stage_table", "EXAMPLE",
+           "RANKS", "TOKENS",
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
            "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
            "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units", "SP_CONFIG", "SequenceParallelRun",

@@ -2,7 +2,9 @@
 
 ``planner`` (search every data x tensor x pipeline layout for a GPT or Llama-style model, or
 a Hugging Face config, on a cluster: memory, step time, recompute on or off; ``assumptions``
-lists what it takes as given; ``explain`` says why the winner wins, in words),
+lists what it takes as given; ``step`` turns one layout into seconds, part by part, with
+interleaved 1F1B and the data-parallel all-reduce hidden behind the backward as options;
+``explain`` says why the winner wins, in words),
 ``placement`` (where each rank of a layout sits on a rail-optimized cluster), ``parallel3d``
 (a real 2 x 2 x 2 job equal to one process), ``pipeline_data`` (Figure 8-14: pipelines
 replicated, each stage's copies averaging their gradients), ``cnn`` and ``cnn_step`` (the

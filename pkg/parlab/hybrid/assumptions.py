@@ -65,8 +65,14 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   often (two chunks per rank send their activation and gradient), and layouts a V cannot
   run are skipped: 2 pp above the layers, or DualPipeV's m below 2 pp. DualPipe itself
   (both directions, two copies of the parameters) is not offered.
-- **Communication per micro-batch and stage** (nothing overlapped with compute: a
-  conservative, simple model): Megatron's tensor parallelism all-reduces b x s x d values
+  ``virtual_stages`` v > 1 interleaves 1F1B (Narayanan et al. 2021, section 2.2.2): each
+  rank holds v chunks of the model, the bubble shrinks to (p-1)/(v m + p - 1) of the step,
+  each micro-batch crosses the pipeline's links v times as often, and the first rank holds
+  pp (1 + (pp - 1)/(v pp)) micro-batches' activations (:mod:`parlab.memory.interleaved`);
+  layouts whose layers per rank do not cut into v equal chunks are skipped.
+- **Communication per micro-batch and stage** (nothing overlapped with compute by default: a
+  conservative, simple model; ``overlap_data_parallel`` and ``scatter_gather`` are the two
+  refinements of :mod:`parlab.hybrid.step`): Megatron's tensor parallelism all-reduces b x s x d values
   twice per block forward and twice backward, over the tensor group's link (NVLink); the
   pipeline sends one activation forward and one gradient back, b x s x d values each, over
   the pipeline's link (a rail); each of the tp GPUs of a stage sends its copy on its own NIC.
@@ -149,6 +155,9 @@ class Assumptions:
     recompute: str | tuple | None = None  # None, "full", "selective", or a tuple to try each
     sequence_parallel: bool = False    # Megatron's: norm regions split over the tp GPUs
     attention_flops: bool = False      # add the attention scores' FLOPs to the compute
+    virtual_stages: int = 1            # interleaved 1F1B: model chunks per rank (schedule 1f1b)
+    overlap_data_parallel: bool = False  # DDP buckets: the all-reduce hides behind a backward
+    scatter_gather: bool = False       # pipeline sends 1/tp per NIC, all-gathered over NVLink
 
     def __post_init__(self):
         card = hardware.gpu(self.gpu)       # an unknown name: a ValueError listing GPUS
@@ -184,7 +193,11 @@ class Assumptions:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{list(memory.ESTIMATED_SCHEDULES)}")
         _recompute_options(self.recompute)
-        for name in ("sequence_parallel", "attention_flops"):
+        problem = memory.interleave_problem(self.schedule, 1, 1, self.virtual_stages, None)
+        if problem:
+            raise ValueError(problem)
+        for name in ("sequence_parallel", "attention_flops", "overlap_data_parallel",
+                     "scatter_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
@@ -202,8 +215,16 @@ class Assumptions:
         return self.seq or config.context
 
 
-def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float:
+def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b",
+                    virtual_stages: int = 1) -> float:
     """Idle share of a pipeline's (GPU, slot) cells: (p-1)/(m+p-1) for GPipe and 1F1B.
+
+    Interleaved 1F1B (``virtual_stages`` v > 1; Narayanan et al. 2021, section 2.2.2): each
+    action is a chunk, 1/v of a stage, and the schedule of :func:`parlab.pipeline.schedule`
+    lasts 2 (v max(m, p) + min(m, p) - 1) chunk slots in which each rank is busy 2 m v: the
+    bubble fraction is (p-1)/(v m + p - 1) from m = p on (the paper's bubble over ideal time,
+    (p-1)/(v m), over 1 + that), and ((p - m) v + m - 1)/(v p + m - 1) with fewer
+    micro-batches than stages (a test holds both to the simulator).
 
     The same number :func:`parlab.pipeline.simulator` counts on the real schedule (a test
     holds the two together); 1F1B changes the memory, not the bubble. ZB-H1, with F = B = W
@@ -227,6 +248,12 @@ def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b") -> float
     check_count("pp", pp)
     check_count("microbatches", microbatches)
     m, p = microbatches, pp
+    problem = memory.interleave_problem(schedule, p, m, virtual_stages, None)
+    if problem:
+        raise ValueError(problem)
+    if virtual_stages > 1:
+        v = virtual_stages
+        return 1 - m * v / (v * max(m, p) + min(m, p) - 1)
     if schedule == "zb-h1":
         return 1 - 3 * m / max(3 * m + p - 1, 2 * m + 2 * p - 1)
     if schedule in memory.V_SCHEDULES:

@@ -26,14 +26,13 @@ from parlab.hardware import NIC_GBPS, gpu_memory
 from parlab import memory
 from parlab.memory import Breakdown
 from parlab.units import format_bytes
-from parlab.models import (
-    block_matmul_efficiency, compute_seconds, count_parameters, flops_seconds, get_config
-)
+from parlab.models import count_parameters, get_config
 from parlab.comm import Mesh
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction, split_problem
 from parlab.hybrid.placement import cluster, group_links, place
 from parlab.tensor_parallel import divisors
-from parlab.comm import allreduce_time, Topology
+from parlab.comm import Topology
+from parlab.hybrid.step import micro_batch_efficiency, step_times
 from parlab.checks import check_count
 
 __all__ = ["Layout", "Rejected", "Search", "plan", "search", "evaluate", "table"]
@@ -88,7 +87,8 @@ class Layout:
 
     @property
     def bubble_fraction(self) -> float:
-        return bubble_fraction(self.pp, self.microbatches, self.assumptions.schedule)
+        return bubble_fraction(self.pp, self.microbatches, self.assumptions.schedule,
+                               self.assumptions.virtual_stages)
 
     @property
     def parameters_per_stage(self) -> float:
@@ -212,48 +212,6 @@ class Search:
         return best
 
 
-def micro_batch_efficiency(config, b: int, tp: int, a: Assumptions) -> float:
-    """Roofline share of compute-bound speed for micro-batches of ``b`` sequences
-    (:func:`parlab.models.block_matmul_efficiency` on b x seq tokens)."""
-    return block_matmul_efficiency(config, b * a.sequence(config), tp,
-                                   memory.PRECISIONS[a.precision].bytes, a.gpu_tflops,
-                                   a.gpu_tb_per_s)
-
-
-def _times(config, dp, tp, pp, m, b, links, topology, a: Assumptions, gradient_bytes,
-           recompute=None) -> dict:
-    """Seconds per step, part by part (see :mod:`parlab.hybrid.assumptions` for the model)."""
-    seq = a.sequence(config)
-    element = memory.PRECISIONS[a.precision].bytes
-    rate = a.mfu * micro_batch_efficiency(config, b, tp, a)
-    # one micro-batch through one stage: 1/(tp x pp) of the model's FLOPs for b x seq tokens
-    compute = compute_seconds(count_parameters(config)["total"] / (tp * pp), b * seq,
-                              a.gpu_tflops, rate)
-    if a.attention_flops:   # QK^T and the sum of V: 3 x (forward, what selective repeats)
-        scores = memory.recompute_flops(config, b * seq, "selective", seq).extra / (tp * pp)
-        compute += flops_seconds(3 * scores, a.gpu_tflops, rate)
-    extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
-    again = flops_seconds(extra, a.gpu_tflops, rate)
-    activation = b * seq * config.d_model * element                 # what crosses a boundary
-    tensor = 0.0
-    if tp > 1:
-        per_all_reduce = allreduce_time(activation, tp, "ring", topology.links[links["tensor"]])
-        per_block = 4 + (2 if recompute == "full" else 0)  # full recompute: forward's 2 again
-        tensor = per_block * (config.n_layers // pp) * per_all_reduce
-    chunks = 2 if a.schedule in memory.V_SCHEDULES else 1  # a V: each rank sends twice
-    pipeline = 2 * chunks * topology.links[links["pipeline"]].time(activation) if pp > 1 else 0.0
-    busy = compute + again + tensor + pipeline
-    fraction = bubble_fraction(pp, m, a.schedule)
-    data = (allreduce_time(gradient_bytes, dp, "ring", topology.links[links["data"]])
-            * (1.5 if a.zero == 3 else 1.0) if dp > 1 else 0.0)
-    times = {"compute": m * compute, "recompute": m * again,
-             "bubble": m * busy * fraction / (1 - fraction), "tensor": m * tensor,
-             "pipeline": m * pipeline, "data": data}
-    if a.recompute_options == (None,):  # a search without recompute has no such part
-        del times["recompute"]
-    return times
-
-
 def evaluate(config, dp: int, tp: int, pp: int, microbatches: int, gpu_memory_gb: float | None = None,
              topology: Topology | None = None, assumptions: Assumptions | None = None,
              **kwargs) -> Layout:
@@ -282,12 +240,13 @@ def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assu
     shape = (a.global_batch, a.sequence(config))
     breakdown, whole = (memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
                                         microbatches, a.schedule, gpu_memory_gb, zero,
-                                        recompute, sequence_parallel=a.sequence_parallel)
+                                        recompute, sequence_parallel=a.sequence_parallel,
+                                        virtual_stages=a.virtual_stages)
                         for zero in (a.zero, 0))   # the exchange moves the whole gradient
     gpu_of = place(dp, tp, pp, topology.gpus_per_server)
     links = group_links(dp, tp, pp, topology, gpu_of)
     b = a.global_batch // (dp * microbatches)
-    times = _times(config, dp, tp, pp, microbatches, b, links, topology, a, whole.gradients,
+    times = step_times(config, dp, tp, pp, microbatches, b, links, topology, a, whole.gradients,
                    recompute)
     return Layout(config, dp, tp, pp, microbatches, b, breakdown, times, links, topology, a,
                   recompute=recompute, efficiency=micro_batch_efficiency(config, b, tp, a))
@@ -327,12 +286,15 @@ def search(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: T
     for dp, tp, pp in _triples(gpus):
         fewest = memory.fewest_microbatches(a.schedule, pp)
         problem = (split_problem(config, tp, pp, per_server)
-                   or memory.v_problem(a.schedule, pp, fewest, config.n_layers))
+                   or memory.v_problem(a.schedule, pp, fewest, config.n_layers)
+                   or memory.interleave_problem(a.schedule, pp, 1, a.virtual_stages,
+                                                config.n_layers))
         if problem:
             result.rejected.append(Rejected(dp, tp, pp, "split", problem))
             continue
         floors = {r: memory.estimate(config, (dp * fewest, seq), a.optimizer, a.precision, dp,
-                                     tp, pp, fewest, a.schedule, gpu_memory_gb, a.zero, r)
+                                     tp, pp, fewest, a.schedule, gpu_memory_gb, a.zero, r,
+                                     virtual_stages=a.virtual_stages)
                   for r in a.recompute_options}
         if not any(floor.fits for floor in floors.values()):
             floor = min(floors.values(), key=lambda f: f.total)
@@ -351,6 +313,8 @@ def search(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: T
             result.rejected.append(Rejected(dp, tp, pp, "batch", memory.v_problem(
                 a.schedule, pp, max(counts), config.n_layers)))
             continue
+        counts = [m for m in counts if not memory.interleave_problem(
+            a.schedule, pp, m, a.virtual_stages, config.n_layers)]
         for m in (m for m in counts if m >= fewest):
             for r in (r for r in a.recompute_options if floors[r].fits):
                 lay = _evaluate(config, dp, tp, pp, m, gpu_memory_gb, topology, a, r)
@@ -368,7 +332,8 @@ def plan(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: Top
     cluster is ``topology``, or a rail-optimized one of servers of ``gpus_per_server`` GPUs
     with ``nic_gbps`` NICs. Other keywords are :class:`Assumptions` (global_batch, seq,
     precision, optimizer, gpu (a name in :data:`parlab.hardware.GPUS`), gpu_tflops, mfu,
-    gpu_tb_per_s, schedule, microbatches, zero, sequence_parallel,
+    gpu_tb_per_s, schedule, virtual_stages (interleaved 1F1B), microbatches, zero,
+    sequence_parallel, attention_flops, overlap_data_parallel, scatter_gather,
     recompute: None, "full", "selective", or a tuple of them such as ``(None, "full")`` to
     try each). Each
     layout has its degrees, recompute setting, memory and step time, ``placement()`` and

@@ -19,18 +19,26 @@ achieved teraFLOP/s per GPU. The paper counts those FLOPs with its own formula (
 
 **How a row is predicted** (:func:`predict`): the planner's own model, nothing tuned per
 row: the published tp, pp and dp = GPUs / (tp pp), the published batch, full recomputation,
-the A100-80GB datasheet (:data:`parlab.hardware.A100`) and a rail-optimized cluster with 200
-Gb/s NICs. Table 1 gives no micro-batch size, so every micro-batch count that divides a
-replica's share of the batch is priced and the fastest that fits in 80 GB is kept (the
-paper tuned its micro-batch size too). The predicted step time gives the predicted TFLOP/s
-through the same F, so the ratio of the two TFLOP/s is the inverse ratio of the times.
+attention FLOPs counted, the A100-80GB datasheet (:data:`parlab.hardware.A100`) and a
+rail-optimized cluster with 200 Gb/s NICs. Table 1 itself gives neither the micro-batch size
+nor the schedule's chunks, but the paper's artifact does: the script that ran each row,
+``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM, sets the micro-batch size
+(``MBS``), the layers per virtual stage (``--num-layers-per-virtual-pipeline-stage``, so v
+= layers / (pp x that); absent: v = 1, no interleaving, as for the 39B and 1T rows) and
+the data-parallel implementation (``DDP``: PyTorch's for the unpipelined rows 1-4, whose
+bucketed all-reduce overlaps the backward, Megatron's "local" one for rows 5-10, which
+all-reduced after the backward in 2021). Those three settings are copied into each row
+(:class:`PublishedRun`: ``micro_batch``, ``virtual_stages``, ``ddp``) with that citation,
+and one rule prices every row: the interleaved schedule with the script's v, the
+data-parallel all-reduce overlapped exactly when ``ddp`` is "torch"
+(:mod:`parlab.hybrid.step`), and the scatter/gather of pipeline messages that section 5.1
+says every Table 1 run used. The predicted step time gives the predicted TFLOP/s through
+the same F, so the ratio of the two TFLOP/s is the inverse ratio of the times.
 
-Known gaps, the reasons a row can miss (written into each expected failure of
-``tests/test_published_runs.py``): the planner has no interleaved pipeline schedule, which
-the paper introduced and used for its pipelined runs, so 1F1B's larger bubble is priced
-instead; its compute speed is one flat share of peak (``mfu`` = 0.4) times the roofline of a
-micro-batch's shapes, not a measured efficiency curve of the A100's matrix multiplications;
-and the data-parallel all-reduce is not overlapped with the backward pass.
+Known gap, the reason the rows still miss (written into each expected failure of
+``tests/test_published_runs.py``): the compute speed is one flat share of peak (``mfu`` =
+0.4) times the roofline of a micro-batch's shapes, not a measured efficiency curve of the
+A100's matrix multiplications, and the paper reached 44 % to 52 % of peak end to end.
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ from parlab.hardware import A100
 from parlab.models import TransformerConfig
 from parlab.hybrid.planner import Layout, evaluate
 from parlab.hybrid.placement import cluster
-from parlab.tensor_parallel import divisors
 from parlab.checks import check_count
 
 __all__ = ["PublishedRun", "NARAYANAN_2021_TABLE_1", "Prediction", "paper_flops", "predict",
@@ -69,6 +76,9 @@ class PublishedRun:
     tflops_per_gpu: float       # achieved teraFLOP/s per GPU, as published
     percent_of_peak: int        # as published (of 312 TFLOP/s)
     aggregate_pflops: float     # as published
+    micro_batch: int = 1        # sequences per micro-batch (run_table_1.sh's MBS)
+    virtual_stages: int = 1     # model chunks per rank (1: plain 1F1B)
+    ddp: str = "local"          # "torch" (bucketed, overlapped) or Megatron's "local"
     gpu: str = A100.name
     nic_gbps: float = NIC_GBPS
 
@@ -90,24 +100,31 @@ class PublishedRun:
         return paper_flops(self) / (self.tflops_per_gpu * 1e12 * self.gpus)
 
 
-def _row(n, *values) -> PublishedRun:
-    return PublishedRun(f"Narayanan et al. 2021, Table 1, row {n}", *values)
+def _row(n, *values, micro_batch, virtual_stages=1, ddp="local") -> PublishedRun:
+    return PublishedRun(f"Narayanan et al. 2021, Table 1, row {n}", *values, micro_batch,
+                        virtual_stages, ddp)
 
 
 #: Narayanan et al. (2021), Table 1, rows 1-10: parameters (billion), attention heads, hidden
 #: size, layers, tensor-parallel size, pipeline-parallel size, GPUs, batch size, achieved
-#: teraFLOP/s per GPU, percentage of theoretical peak, achieved aggregate petaFLOP/s.
+#: teraFLOP/s per GPU, percentage of theoretical peak, achieved aggregate petaFLOP/s. The
+#: keywords come from the paper's artifact, examples/sc21/run_table_1.sh in NVIDIA/Megatron-LM
+#: (MBS; NLS / (PP x num-layers-per-virtual-pipeline-stage); DDP).
 NARAYANAN_2021_TABLE_1 = (
-    _row(1, 1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 4.4),
-    _row(2, 3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 8.8),
-    _row(3, 7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 18.2),
-    _row(4, 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 34.6),
-    _row(5, 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 70.8),
-    _row(6, 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 143.8),
-    _row(7, 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 227.1),
-    _row(8, 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 297.4),
-    _row(9, 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2),
-    _row(10, 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0),
+    _row(1, 1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 4.4, micro_batch=16, ddp="torch"),
+    _row(2, 3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 8.8, micro_batch=16, ddp="torch"),
+    _row(3, 7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 18.2, micro_batch=16, ddp="torch"),
+    _row(4, 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 34.6, micro_batch=8, ddp="torch"),
+    _row(5, 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 70.8, micro_batch=4),
+    _row(6, 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 143.8, micro_batch=2,
+         virtual_stages=3),     # 60 / (4 x 5)
+    _row(7, 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 227.1, micro_batch=2,
+         virtual_stages=2),     # 80 / (8 x 5)
+    _row(8, 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 297.4, micro_batch=1,
+         virtual_stages=2),     # 96 / (16 x 3)
+    _row(9, 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2, micro_batch=1,
+         virtual_stages=3),     # 105 / (35 x 1)
+    _row(10, 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0, micro_batch=1),
 )
 
 
@@ -123,7 +140,7 @@ class Prediction:
     """A published run beside the planner's price of the same layout."""
 
     run: PublishedRun
-    layout: Layout              # the fastest fitting micro-batch count at the published degrees
+    layout: Layout              # the published degrees, micro-batch size and chunks, priced
 
     @property
     def step_time_s(self) -> float:
@@ -145,20 +162,22 @@ class Prediction:
         return self.tflops_per_gpu / self.run.tflops_per_gpu - 1
 
 
-def predict(run: PublishedRun, schedule: str = "1f1b", **assumptions) -> Prediction:
-    """The planner's price of ``run`` at its published degrees (see the module docstring);
-    ``assumptions``: other :class:`~parlab.hybrid.Assumptions` keywords."""
+def predict(run: PublishedRun, **assumptions) -> Prediction:
+    """The planner's price of ``run`` at its published degrees, micro-batch size, chunks and
+    data-parallel implementation (see the module docstring); ``assumptions``: other
+    :class:`~parlab.hybrid.Assumptions` keywords, or overrides of these (``virtual_stages=1``
+    prices plain 1F1B, ``overlap_data_parallel=False`` no overlap)."""
     topology = cluster(run.gpus, GPUS_PER_SERVER, run.nic_gbps, gpu=run.gpu)
-    share = run.batch // run.dp
+    m = run.batch // (run.dp * run.micro_batch)
     keywords = dict(global_batch=run.batch, seq=SEQ, gpu=run.gpu, recompute="full",
-                    schedule=schedule, **assumptions)
-    layouts = [evaluate(run.config, run.dp, run.tp, run.pp, m, topology=topology, **keywords)
-               for m in divisors(share)]
-    fitting = [lay for lay in layouts if lay.fits]
-    if not fitting:
-        raise ValueError(f"{run.source}: no micro-batch count fits in {A100.memory_gb:g} GB")
-    return Prediction(run, min(fitting, key=lambda lay: (round(lay.step_time_s, 9),
-                                                         lay.microbatches)))
+                    attention_flops=True, virtual_stages=run.virtual_stages,
+                    overlap_data_parallel=run.ddp == "torch", scatter_gather=True)
+    layout = evaluate(run.config, run.dp, run.tp, run.pp, m, topology=topology,
+                      **(keywords | assumptions))
+    if not layout.fits:
+        raise ValueError(f"{run.source}: the published layout does not fit in "
+                         f"{A100.memory_gb:g} GB by the estimate ({layout.memory.total / 1e9:.1f} GB)")
+    return Prediction(run, layout)
 
 
 def predict_all(runs=NARAYANAN_2021_TABLE_1, **assumptions) -> list[Prediction]:

@@ -113,6 +113,7 @@ class Setup(NamedTuple):
     cp: int = 1                  # context parallelism: each sequence's tokens over cp GPUs
     cp_method: str = "ring"      # how attention sees the other ranks' tokens (CP_METHODS)
     sequence_parallel: bool = False  # Megatron's: the norm regions' tokens split over tp
+    virtual_stages: int = 1      # interleaved 1F1B: model chunks per rank (1: plain 1F1B)
 
     @property
     def micro_batch(self) -> int:
@@ -128,6 +129,16 @@ class Setup(NamedTuple):
         if self.schedule == "zb-h1":
             return min(self.pp, self.microbatches)
         return min(self.pp - stage, self.microbatches)
+
+    def held(self, stage: int) -> float:
+        """Stages' worth of one micro-batch's activations ``stage`` holds at its peak: its
+        :meth:`in_flight` micro-batches, or interleaved (:mod:`parlab.memory.interleaved`) its
+        peak (chunk, micro-batch) pairs, 1/virtual_stages of a stage each."""
+        if self.virtual_stages == 1:
+            return self.in_flight(stage)
+        from parlab.memory.interleaved import interleaved_peak
+        return interleaved_peak(self.pp, self.microbatches, self.virtual_stages,
+                                stage) / self.virtual_stages
 
 
 def check_capacity(gpu_memory_gb) -> int:

@@ -74,6 +74,7 @@ from parlab.memory.recompute import check_recompute, layer_activations
 from parlab.memory.states import (
     check_optimizer, check_precision, check_split, check_zero, model_state_bytes
 )
+from parlab.memory.interleaved import held_bytes, interleave_problem
 from parlab.memory.vshape import (
     held_parameters, layer_counts, V_SCHEDULES, v_breakdowns, v_parameters, v_problem
 )
@@ -90,7 +91,7 @@ __all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "e
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
                   gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
                   split_points=None, ep=1, cp=1, cp_method="ring",
-                  sequence_parallel=False) -> Setup:
+                  sequence_parallel=False, virtual_stages=1) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones.
 
     A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`;
@@ -120,9 +121,9 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     check_recompute(recompute)
     capacity = check_capacity(gpu_memory_gb)
     if isinstance(model, nn.Module):
-        if schedule in V_SCHEDULES:
-            raise ValueError(f"schedule={schedule!r} is estimated for a transformer config or a "
-                             f"BookMLP; a torch.nn.Module takes one of 1f1b, gpipe, zb-h1")
+        if schedule in V_SCHEDULES or virtual_stages != 1:
+            raise ValueError(f"schedule={schedule!r}, virtual_stages={virtual_stages!r}: a "
+                             f"torch.nn.Module takes 1f1b, gpipe or zb-h1 with one chunk per rank")
         return module_setup(model, input_shape, example_input, precision, optimizer, dp, tp, pp,
                             microbatches, schedule, capacity, zero, recompute, loss_fn,
                             split_points, ep)
@@ -159,8 +160,10 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     layers = model.n_layers if decoder else len(model.layers)
     if pp > layers:
         raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
-    if v_problem(schedule, pp, microbatches, layers):
-        raise ValueError(v_problem(schedule, pp, microbatches, layers))
+    for problem in (v_problem(schedule, pp, microbatches, layers),
+                    interleave_problem(schedule, pp, microbatches, virtual_stages, layers)):
+        if problem:
+            raise ValueError(problem)
     if decoder and tp_problem(model, tp):
         raise ValueError(tp_problem(model, tp))
     if decoder:
@@ -170,7 +173,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
                          f"use tp=1 for {model!r}")
     return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
                  capacity, zero, recompute, cp=cp, cp_method=cp_method,
-                 sequence_parallel=sequence_parallel)
+                 sequence_parallel=sequence_parallel, virtual_stages=virtual_stages)
 
 
 def _check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recompute) -> None:
@@ -312,8 +315,11 @@ def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
                                        stage, s.pp, s.recompute, cp=s.cp,
                                        cp_method=s.cp_method,
                                        sequence_parallel=s.sequence_parallel)
-    return Breakdown(**states.parts(), activations=s.in_flight(stage) * kept + rebuilt,
-                     capacity=s.capacity, label=label)
+    ends = end_terms(s.model, s.micro_batch, s.seq // s.cp, s.precision.bytes, s.tp) \
+        if isinstance(s.model, DECODERS) else (0, 0)
+    held = held_bytes(s, stage, kept, ends[0] * (stage == 0) + ends[1] * (stage == s.pp - 1))
+    return Breakdown(**states.parts(), activations=held + rebuilt, capacity=s.capacity,
+                     label=label)
 
 
 def rank_breakdowns(s: Setup, label: str) -> list[Breakdown]:
@@ -341,7 +347,8 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
              schedule: str = "1f1b", gpu_memory_gb: float | None = None, zero: int = 0,
              recompute: str | None = None, *, example_input=None, loss_fn=None,
              split_points=None, ep: int = 1, cp: int = 1, cp_method: str = "ring",
-             sequence_parallel: bool = False, gpu: str | None = None) -> Breakdown:
+             sequence_parallel: bool = False, gpu: str | None = None,
+             virtual_stages: int = 1) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
@@ -374,12 +381,14 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     that hold the same layers, as Megatron-LM's distributed optimizer does.
     ``sequence_parallel`` (Megatron's) splits the norm regions' tokens over the ``tp`` GPUs.
     ``gpu``: a name in :data:`parlab.hardware.GPUS`, whose capacity is the limit (None: 80 GB,
-    or ``gpu_memory_gb``; giving both is a ValueError unless they agree).
+    or ``gpu_memory_gb``; giving both is a ValueError unless they agree). ``virtual_stages``
+    (v > 1, schedule "1f1b"): interleaved 1F1B, :mod:`parlab.memory.interleaved`.
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
                       schedule, gpu_memory(gpu, gpu_memory_gb), zero, recompute, example_input=example_input,
                       loss_fn=loss_fn, split_points=split_points, ep=ep, cp=cp,
-                      cp_method=cp_method, sequence_parallel=sequence_parallel)
+                      cp_method=cp_method, sequence_parallel=sequence_parallel,
+                      virtual_stages=virtual_stages)
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
         return estimate_module(s, label)

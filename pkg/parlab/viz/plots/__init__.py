@@ -20,7 +20,9 @@ from parlab.viz.plots.tensor_parallel import (
     attention_bytes_figure, book_attention_figure, ffn_figure, format_bytes, memory_figure,
     qkv_sharding_figure, strategy_figure
 )
-from parlab.viz.plots.planner import cnn_figure, layouts_figure, placement_figure, traffic_3d_figure
+from parlab.viz.plots.planner import (
+    cnn_figure, layouts_figure, placement_figure, published_figure, traffic_3d_figure
+)
 from parlab.viz.plots.traffic import bytes_per_rank_figure, steps_figure
 from parlab.viz.plots.experts import balance_figure, capacity_figure, dispatch_matrix_figure
 from parlab.viz.plots.context import (
@@ -39,7 +41,7 @@ __all__ = ["ring_steps_figure", "causal_work_figure", "memory_by_sequence_figure
            "step_caption", "transformer_figure", "local_qkv_figure", "qkv_sharding_figure",
            "book_attention_figure", "ffn_figure", "attention_bytes_figure", "strategy_figure",
            "memory_figure", "format_bytes", "layouts_figure", "placement_figure", "cnn_figure",
-           "traffic_3d_figure", "steps_figure", "bytes_per_rank_figure", "zero_memory_figure",
+           "published_figure", "traffic_3d_figure", "steps_figure", "bytes_per_rank_figure", "zero_memory_figure",
            "zero_traffic_figure", "zero3_timeline_figure", "zero_scaling_figure", "trace_figure",
            "dispatch_matrix_figure", "capacity_figure", "balance_figure", "draw_timeline",
            "schedules_figure", "bubble_figure", "measured_figure"]

@@ -14,7 +14,7 @@ from matplotlib.patches import Rectangle
 from parlab.viz.style import rank_color
 
 __all__ = ["layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure",
-           "candidates"]
+           "candidates", "published_figure"]
 
 _PART_COLORS = {"compute": "#4C72B0", "recompute": "#8172B2", "bubble": "#CCCCCC",
                 "tensor": "#DD8452", "pipeline": "#55A868", "data": "#C44E52"}
@@ -190,5 +190,38 @@ def traffic_3d_figure(run):
     ax.legend(title="link", fontsize=8)
     ax.set_title(f"dp {run.dp} x tp {run.tp} x pp {run.pp}: traffic by group and link",
                  fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def published_figure(rows, tolerance: float, ceiling: float | None = None):
+    """Predicted against published TFLOP/s per GPU, one point per row (anything with ``row``,
+    ``published_tflops``, ``predicted_tflops`` and ``within``), the diagonal and the band a
+    step time within ``tolerance`` allows (TFLOP/s = published / (1 +- tolerance)), and
+    ``ceiling``: the most the model's compute speed allows, drawn as a dashed line."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError("no rows to draw")
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    values = [v for r in rows for v in (r.published_tflops, r.predicted_tflops)]
+    lo, hi = 0.9 * min(values), 1.05 * max(values)
+    ax.plot([lo, hi], [lo, hi], color="#444444", lw=1, label="predicted = published")
+    ax.fill_between([lo, hi], [lo / (1 + tolerance), hi / (1 + tolerance)],
+                    [lo / (1 - tolerance), hi / (1 - tolerance)], color="#55A868", alpha=0.15,
+                    label=f"step time within {tolerance:.0%}")
+    if ceiling is not None:
+        ax.axhline(ceiling, color="#8172B2", ls="--", lw=1,
+                   label=f"compute alone at the assumed speed, {ceiling:.0f}")
+    for r in rows:
+        ax.scatter(r.published_tflops, r.predicted_tflops, s=36, zorder=3,
+                   color="#4C72B0" if r.within else "#C44E52")
+        ax.annotate(str(r.row), (r.published_tflops, r.predicted_tflops), fontsize=8,
+                    xytext=(4, -10), textcoords="offset points")
+    ax.scatter([], [], color="#4C72B0", label="within the tolerance")
+    ax.scatter([], [], color="#C44E52", label="outside it")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="published TFLOP/s per GPU",
+           ylabel="predicted TFLOP/s per GPU",
+           title="Narayanan et al. (2021), Table 1: predicted against published")
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
