@@ -165,7 +165,13 @@ def _save_and_read(page, lab, name):
     path = Path(lab[2]) / name
     deadline = time.monotonic() + 30
     while True:
-        notebook = json.loads(path.read_text())
+        try:
+            notebook = json.loads(path.read_text())
+        except json.JSONDecodeError:  # read while the server was writing it (seen in CI)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
         code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
         if all(c.get("execution_count") for c in code) or time.monotonic() > deadline:
             unrun = [i for i, c in enumerate(code) if not c.get("execution_count")]
