@@ -133,3 +133,12 @@ def test_22b_full_recompute_by_hand():
     per_all_reduce = 2 * 7 / 8 * message / 300e9 + 2 * 7 * 1e-6
     assert lay.times["tensor"] == pytest.approx(6 * 48 * per_all_reduce, rel=0.02)
     assert lay.times["bubble"] == lay.times["pipeline"] == 0
+
+
+def test_chapter_table():
+    from parlab.experiments.ch05_published import korthikanti_rows, korthikanti_table
+    rows = korthikanti_rows()
+    assert [r.name for r in rows] == ["22B", "175B", "530B", "1T"]
+    text = korthikanti_table(rows)
+    assert "tp 8 x pp 35, b 1, v 3" in text and text.count("(miss)") == len(MISSES)
+    assert "+29% / " in text                      # 22B: 1.42 / 1.10 - 1, published
