@@ -1,22 +1,29 @@
-"""Chapter 05's check of the planner against published runs: Narayanan et al. (2021), Table 1.
+"""Chapter 05's check of the planner against published runs: Narayanan et al. (2021), Table 1,
+and Korthikanti et al. (2022), Tables 3 and 5.
 
 :func:`published_rows` prices every row with :func:`parlab.hybrid.predict` (the published
 layout, the micro-batch size and chunks of the paper's run script, nothing tuned per row) and
 returns one :class:`PublishedRow` each: what the paper measured, what the planner predicts,
 and the error. :func:`published_table` prints them; the figure ``fig-05-published-runs``
-(predicted against published) is registered here.
+(predicted against published) is registered here. :func:`korthikanti_rows` and
+:func:`korthikanti_table` do the same for Korthikanti et al.'s iteration times, each model
+priced twice (full recompute; sequence parallelism + selective recompute) with
+:func:`parlab.hybrid.predict_iteration`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parlab.hybrid import NARAYANAN_2021_TABLE_1, Prediction, predict
+from parlab.hybrid import (
+    IterationPrediction, KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1, Prediction, predict,
+    predict_iteration
+)
 from parlab.viz import figure
 from parlab.viz.plots import published_figure
 
 __all__ = ["PublishedRow", "published_rows", "published_table", "compute_ceiling",
-           "TIME_TOLERANCE"]
+           "TIME_TOLERANCE", "KorthikantiRow", "korthikanti_rows", "korthikanti_table"]
 
 #: The one tolerance of issue 31 for a step time (tests/test_published_runs.py).
 TIME_TOLERANCE = 0.15
@@ -68,6 +75,56 @@ def published_table(rows: list[PublishedRow]) -> str:
         lines.append(f"{r.row:>3}  {r.params_billion:>6g}B  {r.layout:<32}  "
                      f"{r.published_tflops:>9g}  {r.predicted_tflops:>9.0f}  "
                      f"{r.error:>+10.0%}{mark}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class KorthikantiRow:
+    """One model of Korthikanti et al. (2022), Table 5, priced both ways."""
+
+    full: IterationPrediction       # full recompute, no sequence parallelism
+    present: IterationPrediction    # sequence parallelism + selective recompute
+
+    @property
+    def name(self) -> str:
+        return self.full.run.name
+
+    @property
+    def published_speedup(self) -> float:
+        """Full-recompute time over present-work time, as measured (Table 5)."""
+        return self.full.published_s / self.present.published_s
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.full.step_time_s / self.present.step_time_s
+
+    def within(self, method: str) -> bool:
+        return abs(getattr(self, method).time_error) <= TIME_TOLERANCE
+
+
+def korthikanti_rows(runs=KORTHIKANTI_2022) -> list[KorthikantiRow]:
+    """Every model of ``runs`` priced with full recompute and with the paper's method."""
+    return [KorthikantiRow(predict_iteration(run, "full"), predict_iteration(run, "present"))
+            for run in runs]
+
+
+def korthikanti_table(rows: list[KorthikantiRow]) -> str:
+    """Two lines per model: the iteration time published and predicted with each method, the
+    error, and on the second line the speed-up of the paper's method, published and predicted."""
+    lines = [f"{'model':<5}  {'layout':<24}  {'method':<20}  {'published':>9}  "
+             f"{'predicted':>9}  {'error':>5}  {'speed-up (pub / pred)':>21}"]
+    for r in rows:
+        run = r.full.run
+        layout = f"tp {run.tp} x pp {run.pp}, b {run.micro_batch}, v {run.virtual_stages}"
+        for method, label, first in (("full", "full recompute", True),
+                                     ("present", "SP + selective", False)):
+            p = getattr(r, method)
+            mark = "" if r.within(method) else " (miss)"
+            speed = (f"{r.published_speedup - 1:+.0%} / {r.predicted_speedup - 1:+.0%}"
+                     if not first else "")
+            lines.append(f"{r.name if first else '':<5}  {layout if first else '':<24}  "
+                         f"{label:<20}  {p.published_s:>8.2f}s  {p.step_time_s:>8.2f}s  "
+                         f"{p.time_error:>+5.0%}  {speed:>21}{mark}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ slides' CNN advice measured, and a data + tensor parallel step run), ``zero_tens
 over the copies of a tensor-parallel MLP), ``expert_data`` (experts split over ``ep`` ranks
 inside ``dp`` data-parallel ones, each expert's gradient summed over its holders),
 ``published`` (published training runs as data, Narayanan et al. 2021's Table 1, and the
-planner's price of each). The
+planner's price of each), ``published_korthikanti`` (Korthikanti et al. 2022's iteration
+times with full recompute and with sequence parallelism + selective recompute, priced). The
 slides' summary and
 the copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
 (:mod:`parlab.experiments`). This is the only layer that combines strategies: each hybrid
@@ -38,6 +39,9 @@ from parlab.hybrid.expert_data import expert_data_rank, ExpertDataRun, MoEBlock,
 from parlab.hybrid.published import (
     NARAYANAN_2021_TABLE_1, paper_flops, predict, predict_all, Prediction, PublishedRun
 )
+from parlab.hybrid.published_korthikanti import (
+    IterationPrediction, KORTHIKANTI_2022, KorthikantiRun, model_flops, predict_iteration
+)
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
@@ -47,4 +51,5 @@ __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "eva
            "ZeroTensorRun", "Placement", "placement", "CnnCommunication", "cnn_communication",
            "run_expert_data", "ExpertDataRun", "expert_data_rank", "MoEBlock",
            "PublishedRun", "NARAYANAN_2021_TABLE_1", "Prediction", "paper_flops", "predict",
-           "predict_all"]
+           "predict_all", "KorthikantiRun", "KORTHIKANTI_2022", "IterationPrediction",
+           "model_flops", "predict_iteration"]
