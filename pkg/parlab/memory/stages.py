@@ -43,8 +43,8 @@ def check_stage_layers(stage_layers, layers: int, pp: int, what: str = "the mode
         raise ValueError(f"stage_layers must be a tuple of pp={pp} ints, the layers of each "
                          f"pipeline stage, got {stage_layers!r}")
     if len(counts) != pp:
-        raise ValueError(f"stage_layers={list(counts)} gives {len(counts)} stages but pp={pp}; "
-                         f"give one count per stage")
+        raise ValueError(f"stage_layers={list(counts)} gives {len(counts)} stage(s) but "
+                         f"pp={pp}; give one count per stage")
     if min(counts) < 1:
         raise ValueError(f"stage_layers={list(counts)}: every stage needs at least one layer "
                          f"(counts >= 1)")
