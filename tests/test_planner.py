@@ -32,7 +32,7 @@ def test_every_layout_fits_and_multiplies_to_the_gpu_count(model, gpus, gb):
         assert lay.dp * lay.tp * lay.pp == gpus
         assert lay.fits and lay.memory_per_gpu_bytes <= gb * GB
         assert config.n_heads % lay.tp == 0 and lay.tp <= min(8, gpus)
-        assert config.n_layers % lay.pp == 0
+        assert lay.pp <= config.n_layers  # unequal stages allowed (issue 31)
         assert a.global_batch % (lay.dp * lay.microbatches) == 0
         assert lay.micro_batch * lay.dp * lay.microbatches == a.global_batch
     times = [lay.step_time_s for lay in layouts]

@@ -24,7 +24,11 @@ step model prices a slot with the largest of them.
 
 from __future__ import annotations
 
-__all__ = ["layer_counts", "check_stage_layers", "stage_layer_counts", "rank_layers"]
+__all__ = ["V_SCHEDULES", "layer_counts", "check_stage_layers", "stage_layer_counts",
+           "rank_layers"]
+
+#: The schedules that place two chunks per rank in a V (:mod:`parlab.memory.vshape`).
+V_SCHEDULES = ("zbv", "dualpipev")
 
 
 def layer_counts(n: int, parts: int) -> list[int]:
@@ -66,7 +70,6 @@ def rank_layers(layers: int, pp: int, schedule: str = "1f1b", virtual_stages: in
     """The layers each of ``pp`` pipeline ranks runs per micro-batch: its stage's, or in a V
     (ZBV, DualPipeV: 2 pp chunks, rank r holding chunks r and 2 pp - 1 - r) its two chunks'
     together; interleaved 1F1B's v chunks per rank are equal (the layers divide by pp x v)."""
-    from parlab.memory.vshape import V_SCHEDULES  # vshape imports this module
     if schedule in V_SCHEDULES:
         if stage_layers is not None:
             raise ValueError(f"stage_layers={stage_layers!r} sets one chunk per rank; "

@@ -33,15 +33,13 @@ from typing import Callable
 
 from parlab.memory.breakdown import Breakdown, Setup
 from parlab.memory.decoders import stage_parameters
-from parlab.memory.stages import layer_counts, stage_layer_counts
+from parlab.memory.stages import layer_counts, stage_layer_counts, V_SCHEDULES
 from parlab.memory.states import model_state_bytes
 from parlab.models import BookMLP
 
 __all__ = ["V_SCHEDULES", "layer_counts", "held_parameters", "v_chunks", "v_parameters",
            "v_in_flight", "v_problem", "fewest_microbatches", "v_breakdowns"]
 
-#: The schedules that place two chunks per rank in a V.
-V_SCHEDULES = ("zbv", "dualpipev")
 
 
 def held_parameters(s: Setup, stage: int) -> int:

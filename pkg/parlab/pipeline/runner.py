@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from parlab.launch import recording, span
 from parlab.checks import check_count
-from parlab.memory.stages import check_stage_layers
+from parlab.memory import check_stage_layers
 from parlab.pipeline.programs import Program
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, StageTransfer, simulate
