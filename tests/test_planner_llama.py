@@ -93,7 +93,7 @@ def test_a_model_of_your_own_as_a_dict():
             "vocab_size": 32000, "max_position_embeddings": 2048, "_name_or_path": "mine"}
     found = search(mine, 16, 40, global_batch=64, recompute=(None, "selective", "full"))
     assert found.config.name == "mine" and found.ranked
-    assert all(4 % lay.tp == 0 and 22 % lay.pp == 0 for lay in found.ranked)
+    assert all(4 % lay.tp == 0 and lay.pp <= 22 for lay in found.ranked)
     assert "recompute" in table(found.ranked, 5).splitlines()[0]
     assert {lay.recompute for lay in found.layouts} == {None, "selective", "full"}
 

@@ -50,9 +50,21 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   in chapter 08), so the step's time is unchanged. Context parallelism (``cp`` in
   :func:`parlab.memory.estimate`) is not among the planner's layouts yet.
 - **Degrees**: tp divides the attention heads (and a Llama's key/value heads) and d_ff, and
-  the GPUs of a server (tensor-parallel groups stay on NVLink); pp divides the layers; dp x m
+  the GPUs of a server (tensor-parallel groups stay on NVLink); pp is at most the layers; dp x m
   divides the global batch; every micro-batch count m that divides a replica's share of the
   batch is tried.
+- **Layers per stage**: ``stage_layers`` (a tuple of pp positive ints summing to the layers,
+  as Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+  ``--decoder-last-pipeline-num-layers`` set them; only layouts with that pp are tried), or
+  None: as even as possible, the extra layers on the first stages (Llama-3-8B's 32 layers on
+  pp=3: 11, 11, 10), so pp need not divide the layers (:mod:`parlab.memory.stages`). Memory
+  prices each stage with its own layers. A pipeline runs at its slowest stage's pace, so a
+  micro-batch's slot is the stage with the most layers: the compute, recompute and
+  tensor-parallel time of a slot are the even split's times L/pp-layer stage scaled by
+  max(stage_layers) x pp / L (the embedding and the head stay spread evenly, as before), and
+  the bubble is that slot's share. An upper bound: with unequal stages the faster ones idle
+  a little less than the slowest one's slot says (GPipe's step is Sum_k t_k + (m - 1) max_k
+  t_k per pass, t_k stage k's time, not (m + pp - 1) max_k t_k).
 - **Pipeline**: ``schedule`` 1F1B (or GPipe): a step of m micro-batches over pp stages lasts
   (m + pp - 1) slots, i.e. the busy time divided by 1 - bubble fraction, with the bubble
   fraction (pp-1)/(m+pp-1) of :func:`bubble_fraction`, checked against the simulator.
@@ -116,8 +128,8 @@ def split_problem(config, tp: int, pp: int, per_server: int) -> str:
     if per_server % tp:
         return (f"tp={tp} does not fit inside a server of {per_server} GPUs (valid tp here: "
                 f"{valid})")
-    if config.n_layers % pp:
-        return f"pp={pp} does not divide the {config.n_layers} layers"
+    if pp > config.n_layers:
+        return f"pp={pp} stages for the {config.n_layers} layers: at most one stage per layer"
     return ""
 
 
@@ -158,6 +170,7 @@ class Assumptions:
     virtual_stages: int = 1            # interleaved 1F1B: model chunks per rank (schedule 1f1b)
     overlap_data_parallel: bool = False  # DDP buckets: the all-reduce hides behind a backward
     scatter_gather: bool = False       # pipeline sends 1/tp per NIC, all-gathered over NVLink
+    stage_layers: tuple | None = None  # layers per stage (None: even, the extra ones first)
 
     def __post_init__(self):
         card = hardware.gpu(self.gpu)       # an unknown name: a ValueError listing GPUS
@@ -196,6 +209,14 @@ class Assumptions:
         problem = memory.interleave_problem(self.schedule, 1, 1, self.virtual_stages, None)
         if problem:
             raise ValueError(problem)
+        if self.stage_layers is not None:
+            n = self.stage_layers
+            if not isinstance(n, (tuple, list)):
+                raise TypeError(f"stage_layers must be a tuple of layer counts, one per "
+                                f"pipeline stage (None: as even as possible), got {n!r}")
+            object.__setattr__(self, "stage_layers", tuple(n))
+            # the counts themselves, against the model: memory.check_stage_layers
+            memory.rank_layers(sum(n), len(n), self.schedule, self.virtual_stages, n)
         for name in ("sequence_parallel", "attention_flops", "overlap_data_parallel",
                      "scatter_gather"):
             if not isinstance(getattr(self, name), bool):

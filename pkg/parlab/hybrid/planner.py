@@ -198,7 +198,7 @@ class Search:
         return (f"{self.config.name} on {self.gpus:,} GPUs of {self.gpu_memory_gb:g} GB: "
                 f"{n['triples']} ways to "
                 f"write {self.gpus} = dp x tp x pp; {n['split']} cannot split the model (tp must "
-                f"divide the heads and d_ff and stay in a server, pp must divide the layers), "
+                f"divide the heads and d_ff and stay in a server, pp be at most the layers), "
                 f"{n['memory']} do not fit even with one sequence per micro-batch, {n['batch']} "
                 f"cannot split the batch of {self.assumptions.global_batch}; "
                 f"{n['evaluated']} (dp, tp, pp, micro-batches) layouts evaluated, "
@@ -241,7 +241,8 @@ def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assu
     breakdown, whole = (memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
                                         microbatches, a.schedule, gpu_memory_gb, zero,
                                         recompute, sequence_parallel=a.sequence_parallel,
-                                        virtual_stages=a.virtual_stages)
+                                        virtual_stages=a.virtual_stages,
+                                        stage_layers=a.stage_layers)
                         for zero in (a.zero, 0))   # the exchange moves the whole gradient
     gpu_of = place(dp, tp, pp, topology.gpus_per_server)
     links = group_links(dp, tp, pp, topology, gpu_of)
@@ -259,6 +260,13 @@ def _assumptions(keywords: dict) -> Assumptions:
         if name not in known:
             raise TypeError(f"unknown keyword {name!r}; the planner's assumptions are {known}")
     return Assumptions(**keywords)
+
+
+def _stage_layers_problem(stage_layers, pp: int) -> str:
+    """Why the assumptions' ``stage_layers`` cannot describe ``pp`` stages, or ''."""
+    if stage_layers is None or len(stage_layers) == pp:
+        return ""
+    return f"stage_layers={list(stage_layers)} gives {len(stage_layers)} stages, not pp={pp}"
 
 
 def _triples(gpus: int):
@@ -286,6 +294,7 @@ def search(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: T
     for dp, tp, pp in _triples(gpus):
         fewest = memory.fewest_microbatches(a.schedule, pp)
         problem = (split_problem(config, tp, pp, per_server)
+                   or _stage_layers_problem(a.stage_layers, pp)
                    or memory.v_problem(a.schedule, pp, fewest, config.n_layers)
                    or memory.interleave_problem(a.schedule, pp, 1, a.virtual_stages,
                                                 config.n_layers))
@@ -294,7 +303,8 @@ def search(config, gpus: int, gpu_memory_gb: float | None = None, *, topology: T
             continue
         floors = {r: memory.estimate(config, (dp * fewest, seq), a.optimizer, a.precision, dp,
                                      tp, pp, fewest, a.schedule, gpu_memory_gb, a.zero, r,
-                                     virtual_stages=a.virtual_stages)
+                                     virtual_stages=a.virtual_stages,
+                                     stage_layers=a.stage_layers)
                   for r in a.recompute_options}
         if not any(floor.fits for floor in floors.values()):
             floor = min(floors.values(), key=lambda f: f.total)

@@ -5,7 +5,12 @@ Why this module exists: :mod:`parlab.hybrid.planner` searches layouts and
 layout into seconds lives here, so a reader can follow it in one place. The parts
 (:data:`parlab.hybrid.assumptions.TIME_PARTS`) of a step of m micro-batches:
 
-- ``compute``: m micro-batches through one stage, FLOPs at mfu x roofline of peak;
+- ``compute``: m micro-batches through one stage, FLOPs at mfu x roofline of peak. A
+  pipeline runs at its slowest stage's pace (every micro-batch passes every stage, so the
+  stage with the most layers sets each slot): with unequal stages (pp not dividing the
+  layers, or the assumptions' ``stage_layers``) a slot is the even split's L/pp-layer stage
+  scaled by the most layers any rank holds, max_k L_k x pp / L (:func:`slowest_stage_scale`;
+  the embedding and the head stay spread evenly); ``recompute`` and ``tensor`` scale alike;
 - ``recompute``: the forward FLOPs recomputation repeats;
 - ``tensor``: Megatron's tensor-parallel all-reduces (never overlapped: the next matrix
   product needs their result);
@@ -35,7 +40,8 @@ from parlab.comm import allreduce_time, Topology
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction
 from parlab.models import block_matmul_efficiency, compute_seconds, count_parameters, flops_seconds
 
-__all__ = ["DDP_BUCKET_BYTES", "micro_batch_efficiency", "step_times", "exposed_data_parallel"]
+__all__ = ["DDP_BUCKET_BYTES", "micro_batch_efficiency", "step_times", "exposed_data_parallel",
+           "slowest_stage_scale", "slowest_stage_layers"]
 
 #: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``), in bytes.
 DDP_BUCKET_BYTES = 25 * 2 ** 20
@@ -47,6 +53,20 @@ def micro_batch_efficiency(config, b: int, tp: int, a: Assumptions) -> float:
     return block_matmul_efficiency(config, b * a.sequence(config), tp,
                                    memory.PRECISIONS[a.precision].bytes, a.gpu_tflops,
                                    a.gpu_tb_per_s)
+
+
+def slowest_stage_scale(config, pp: int, a: Assumptions) -> float:
+    """The slowest pipeline rank's layers over an even share, max_k L_k / (L / pp): 1 when pp
+    divides the L layers evenly (and no ``stage_layers`` say otherwise), 11 / (32 / 3) =
+    1.03125 for Llama-3-8B's 32 layers on pp=3 (11, 11, 10). A pipeline runs at its slowest
+    stage's pace, so the planner prices every slot as that stage's."""
+    return slowest_stage_layers(config, pp, a) * pp / config.n_layers
+
+
+def slowest_stage_layers(config, pp: int, a: Assumptions) -> int:
+    """The most layers one of the ``pp`` pipeline ranks runs per micro-batch."""
+    return max(memory.rank_layers(config.n_layers, pp, a.schedule, a.virtual_stages,
+                                  a.stage_layers))
 
 
 def exposed_data_parallel(allreduce_s: float, window_s: float, gradient_bytes: float) -> float:
@@ -64,20 +84,22 @@ def step_times(config, dp, tp, pp, m, b, links, topology: Topology, a: Assumptio
     seq = a.sequence(config)
     element = memory.PRECISIONS[a.precision].bytes
     rate = a.mfu * micro_batch_efficiency(config, b, tp, a)
-    # one micro-batch through one stage: 1/(tp x pp) of the model's FLOPs for b x seq tokens
-    compute = compute_seconds(count_parameters(config)["total"] / (tp * pp), b * seq,
+    slowest = slowest_stage_scale(config, pp, a)  # 1 for an even split
+    # one micro-batch through the slowest stage: its share of the model's FLOPs for b x seq
+    # tokens, 1/(tp x pp) of them for an even split
+    compute = compute_seconds(count_parameters(config)["total"] * slowest / (tp * pp), b * seq,
                               a.gpu_tflops, rate)
     if a.attention_flops:   # QK^T and the sum of V: 3 x (forward, what selective repeats)
         scores = memory.recompute_flops(config, b * seq, "selective", seq).extra / (tp * pp)
-        compute += flops_seconds(3 * scores, a.gpu_tflops, rate)
+        compute += flops_seconds(3 * scores * slowest, a.gpu_tflops, rate)
     extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
-    again = flops_seconds(extra, a.gpu_tflops, rate)
+    again = flops_seconds(extra * slowest, a.gpu_tflops, rate)
     activation = b * seq * config.d_model * element                 # what crosses a boundary
     tensor = backward_tensor = 0.0
     if tp > 1:
         per_all_reduce = allreduce_time(activation, tp, "ring", topology.links[links["tensor"]])
         per_block = 4 + (2 if recompute == "full" else 0)  # full recompute: forward's 2 again
-        tensor = per_block * (config.n_layers // pp) * per_all_reduce
+        tensor = per_block * slowest_stage_layers(config, pp, a) * per_all_reduce
         backward_tensor = tensor * (per_block - 2) / per_block
     pipeline = 0.0
     if pp > 1:

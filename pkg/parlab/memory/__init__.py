@@ -17,7 +17,8 @@ electricity bill, and what a failure costs with and without checkpoints), ``serv
 weights and key/value cache of a model that only answers, without training state),
 ``vshape`` (the layers and parameters a pipeline GPU holds, and the V schedules ZBV and
 DualPipeV counted per rank: two chunks each, rank 0 holding both ends of the model),
-``interleaved`` (interleaved 1F1B's peak in-flight chunks per rank).
+``interleaved`` (interleaved 1F1B's peak in-flight chunks per rank), ``stages`` (how many
+layers each pipeline stage holds: as even as possible, or the user's ``stage_layers``).
 Imports :mod:`parlab.models`.
 """
 
@@ -28,6 +29,7 @@ from parlab.memory.states import (
 from parlab.memory.breakdown import Breakdown, ESTIMATED_SCHEDULES, Plan
 from parlab.memory.tracing import ModuleTrace, trace_module
 from parlab.memory.interleaved import interleave_problem, interleaved_peak
+from parlab.memory.stages import check_stage_layers, rank_layers, stage_layer_counts
 from parlab.memory.vshape import fewest_microbatches, V_SCHEDULES, v_in_flight, v_problem
 from parlab.memory.modules import stage_ranges
 from parlab.memory.decoders import CP_METHODS, tensor_split_sizes, tp_problem
@@ -59,4 +61,4 @@ __all__ = ["forward_saved_bytes", "check_optimizer", "bytes_per_parameter_table"
            "compare_block", "tensor_split_sizes", "tp_problem", "Serving", "serving_bytes",
            "WasteCurve", "waste_curve", "CP_METHODS", "V_SCHEDULES", "fewest_microbatches",
            "v_in_flight", "v_problem", "estimate_ranks", "interleave_problem",
-           "interleaved_peak"]
+           "interleaved_peak", "check_stage_layers", "rank_layers", "stage_layer_counts"]

@@ -67,7 +67,7 @@ from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
 from parlab.memory.decoders import (
-    block_terms, CP_METHODS, DECODERS, end_terms, tp_problem
+    block_terms, check_sequence_split, CP_METHODS, DECODERS, end_terms, tp_problem
 )
 from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
@@ -75,6 +75,7 @@ from parlab.memory.states import (
     check_optimizer, check_precision, check_split, check_zero, model_state_bytes
 )
 from parlab.memory.interleaved import held_bytes, interleave_problem
+from parlab.memory.stages import check_stage_layers, rank_layers, stage_layer_counts
 from parlab.memory.vshape import (
     held_parameters, layer_counts, V_SCHEDULES, v_breakdowns, v_parameters, v_problem
 )
@@ -91,12 +92,13 @@ __all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "e
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
                   gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
                   split_points=None, ep=1, cp=1, cp_method="ring",
-                  sequence_parallel=False, virtual_stages=1) -> Setup:
+                  sequence_parallel=False, virtual_stages=1, stage_layers=None) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones.
 
     A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`;
-    ``example_input``, ``loss_fn``, ``split_points`` and ``ep`` are for modules only, the
-    last three for transformer configs only.
+    ``example_input``, ``loss_fn``, ``split_points`` and ``ep`` are for modules only,
+    ``cp``, ``cp_method`` and ``sequence_parallel`` for transformer configs only,
+    ``stage_layers`` (:mod:`parlab.memory.stages`) for a config or a BookMLP.
     """
     check_count("cp", cp, "context-parallel ranks")
     check_choice("cp_method", cp_method, CP_METHODS)
@@ -121,6 +123,9 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     check_recompute(recompute)
     capacity = check_capacity(gpu_memory_gb)
     if isinstance(model, nn.Module):
+        if stage_layers is not None:
+            raise ValueError(f"stage_layers={stage_layers!r} counts a config's layers; a "
+                             f"torch.nn.Module's stages are cut at split_points (child indices)")
         if schedule in V_SCHEDULES or virtual_stages != 1:
             raise ValueError(f"schedule={schedule!r}, virtual_stages={virtual_stages!r}: a "
                              f"torch.nn.Module takes 1f1b, gpipe or zb-h1 with one chunk per rank")
@@ -160,6 +165,8 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     layers = model.n_layers if decoder else len(model.layers)
     if pp > layers:
         raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
+    stage_layers = check_stage_layers(stage_layers, layers, pp, getattr(model, "name", "the model"))
+    rank_layers(layers, pp, schedule, virtual_stages, stage_layers)  # one chunk per rank
     for problem in (v_problem(schedule, pp, microbatches, layers),
                     interleave_problem(schedule, pp, microbatches, virtual_stages, layers)):
         if problem:
@@ -167,35 +174,19 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     if decoder and tp_problem(model, tp):
         raise ValueError(tp_problem(model, tp))
     if decoder:
-        _check_sequence_split(model, seq, tp, cp, cp_method, sequence_parallel, recompute)
+        check_sequence_split(model, seq, tp, cp, cp_method, sequence_parallel, recompute)
     if not decoder and tp != 1:
         raise ValueError(f"tensor parallelism is modelled for transformer configs; "
                          f"use tp=1 for {model!r}")
     return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
                  capacity, zero, recompute, cp=cp, cp_method=cp_method,
-                 sequence_parallel=sequence_parallel, virtual_stages=virtual_stages)
-
-
-def _check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recompute) -> None:
-    """The sequence splits that cannot work, each named with its numbers."""
-    if seq % cp:
-        raise ValueError(f"cp={cp} context-parallel ranks must divide the sequence of {seq} "
-                         f"tokens")
-    if sequence_parallel and (seq // cp) % tp:
-        raise ValueError(f"sequence_parallel splits each rank's {seq // cp} tokens over tp={tp} "
-                         f"ranks: use a sequence length that tp x cp = {tp * cp} divides")
-    heads = getattr(m, "n_kv_heads", m.n_heads) // tp
-    if cp > 1 and cp_method == "ulysses" and heads % cp:
-        raise ValueError(f"cp_method='ulysses' gives each of cp={cp} ranks whole key/value heads: "
-                         f"cp must divide the {heads} key/value heads per tensor rank")
-    if recompute and cp > 1:
-        raise ValueError(f"recompute={recompute!r} with cp={cp} is not modelled yet; use "
-                         f"recompute=None")
+                 sequence_parallel=sequence_parallel, virtual_stages=virtual_stages,
+                 stage_layers=stage_layers)
 
 
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) -> Setup:
     """Validate the arguments of one micro-batch's activation count (``split``: ``cp``,
-    ``cp_method``, ``sequence_parallel``)."""
+    ``cp_method``, ``sequence_parallel``, ``stage_layers``)."""
     model = get_config(model) if isinstance(model, (str, dict, os.PathLike)) else model
     check_count("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, DECODERS) else (batch,)
@@ -205,29 +196,32 @@ def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) ->
 
 def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", tp: int = 1,
                      stage: int = 0, pp: int = 1, recompute: str | None = None, *,
-                     cp: int = 1, cp_method: str = "ring",
-                     sequence_parallel: bool = False) -> int:
+                     cp: int = 1, cp_method: str = "ring", sequence_parallel: bool = False,
+                     stage_layers=None) -> int:
     """Bytes autograd saves for one micro-batch of ``batch`` x ``seq`` on one pipeline stage.
 
     The pipeline chapter multiplies this by the micro-batches a stage holds in flight. With
     ``recompute`` (one of :data:`parlab.memory.RECOMPUTE`): the bytes the stage's layers keep
     plus the one layer rebuilt during the backward pass. ``cp``, ``cp_method`` and
-    ``sequence_parallel``: as in :func:`block_activations`.
+    ``sequence_parallel``: as in :func:`block_activations`; ``stage_layers``: the layers of
+    each stage (:mod:`parlab.memory.stages`; None: as even as possible, the extra first).
     """
     return sum(_stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
-                                  cp=cp, cp_method=cp_method,
+                                  stage_layers, cp=cp, cp_method=cp_method,
                                   sequence_parallel=sequence_parallel))
 
 
 def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
-                       **split) -> tuple[int, int]:
+                       stage_layers=None, **split) -> tuple[int, int]:
     """(kept, rebuilt): bytes one micro-batch keeps on ``stage`` until its backward pass, and
     the most one of the stage's layers rebuilds at a time (0 without recompute)."""
-    s = _micro(model, batch, seq, precision, tp, pp, recompute, **split)
+    s = _micro(model, batch, seq, precision, tp, pp, recompute, stage_layers=stage_layers,
+               **split)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
     per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp, **split).values())
-    counts = layer_counts(len(per_layer) - 2, pp)  # the first and last entries are the two ends
+    # the first and last entries of per_layer are the two ends
+    counts = stage_layer_counts(len(per_layer) - 2, pp, s.stage_layers)
     start = 1 + sum(counts[:stage])
     layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute,
                                 s.sequence_parallel)
@@ -312,7 +306,7 @@ def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
     states = model_state_bytes(held_parameters(s, stage), s.optimizer, s.precision.name,
                                s.dp * s.cp, s.zero)
     kept, rebuilt = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name, s.tp,
-                                       stage, s.pp, s.recompute, cp=s.cp,
+                                       stage, s.pp, s.recompute, s.stage_layers, cp=s.cp,
                                        cp_method=s.cp_method,
                                        sequence_parallel=s.sequence_parallel)
     ends = end_terms(s.model, s.micro_batch, s.seq // s.cp, s.precision.bytes, s.tp) \
@@ -334,7 +328,7 @@ def rank_breakdowns(s: Setup, label: str) -> list[Breakdown]:
         key = k if mlp else (counts[k], k == 0, k == K - 1)
         if key not in known:
             known[key] = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name,
-                                            s.tp, k, K, s.recompute, cp=s.cp,
+                                            s.tp, k, K, s.recompute, None, cp=s.cp,
                                             cp_method=s.cp_method,
                                             sequence_parallel=s.sequence_parallel)
         return known[key]
@@ -348,7 +342,7 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
              recompute: str | None = None, *, example_input=None, loss_fn=None,
              split_points=None, ep: int = 1, cp: int = 1, cp_method: str = "ring",
              sequence_parallel: bool = False, gpu: str | None = None,
-             virtual_stages: int = 1) -> Breakdown:
+             virtual_stages: int = 1, stage_layers=None) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
@@ -360,9 +354,14 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     ``input_shape`` is the global batch: ``(batch, seq)`` for a transformer, ``(batch,)`` for
     an MLP, the shape of a float input for a module. Each of the ``dp`` replicas takes
     batch/dp, cut into ``microbatches``; layers are spread over ``pp`` stages and each layer's
-    matrices over ``tp`` GPUs (transformer configs only). For a config only the first and the
-    last stage are evaluated: the first holds the embeddings and the most micro-batches in
-    flight, the last the output layer, and a middle stage never holds more than the first.
+    matrices over ``tp`` GPUs (transformer configs only). Stage k holds ``stage_layers[k]``
+    layers (a config or a BookMLP: pp positive ints summing to its layers, as Megatron-LM's
+    ``--decoder-first/last-pipeline-num-layers`` set them; :mod:`parlab.memory.stages`), or
+    by default as even a share as possible, the extra layers on the first stages (32 layers
+    on pp=3: 11, 11, 10). With the default only the first and the last stage are evaluated:
+    the first holds the embeddings, the most layers and the most micro-batches in flight, the
+    last the output layer, and a middle stage never holds more than the first; with
+    ``stage_layers`` every stage is priced with its own layers and the busiest returned.
     ``schedule`` is one of :data:`ESTIMATED_SCHEDULES`; the V schedules ``"zbv"`` and
     ``"dualpipev"`` cut the layers into 2 pp chunks, rank r holding chunks r and 2 pp - 1 - r
     (rank 0 both ends), and are priced per rank, not per stage
@@ -388,12 +387,12 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
                       schedule, gpu_memory(gpu, gpu_memory_gb), zero, recompute, example_input=example_input,
                       loss_fn=loss_fn, split_points=split_points, ep=ep, cp=cp,
                       cp_method=cp_method, sequence_parallel=sequence_parallel,
-                      virtual_stages=virtual_stages)
+                      virtual_stages=virtual_stages, stage_layers=stage_layers)
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
         return estimate_module(s, label)
     if s.schedule in V_SCHEDULES:
         return max(rank_breakdowns(s, label), key=lambda b: b.total)
-    stages = {0, pp - 1}
+    stages = set(range(pp)) if s.stage_layers else {0, pp - 1}
     return max((_stage_breakdown(s, k, label) for k in sorted(stages)), key=lambda b: b.total)
 

@@ -28,7 +28,8 @@ import math
 from parlab.checks import check_count
 from parlab.models import forward_flops, LlamaConfig, TransformerConfig
 
-__all__ = ["DECODERS", "CP_METHODS", "tensor_split_sizes", "tp_problem", "block_terms",
+__all__ = ["DECODERS", "CP_METHODS", "tensor_split_sizes", "tp_problem", "check_sequence_split",
+           "block_terms",
            "context_core_terms", "end_terms",
            "stage_parameters", "full_input", "selective_terms", "block_flops_per_token"]
 
@@ -68,6 +69,23 @@ def tp_problem(m, tp: int) -> str:
                  f"over {tp // math.gcd(tp, m.n_kv_heads)} ranks; that layout is not modelled "
                  f"here)")
     return f"{text}; valid tp for {m.name}: {valid}"
+
+
+def check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recompute) -> None:
+    """The sequence splits of ``m`` that cannot work, each a ValueError naming its numbers."""
+    if seq % cp:
+        raise ValueError(f"cp={cp} context-parallel ranks must divide the sequence of {seq} "
+                         f"tokens")
+    if sequence_parallel and (seq // cp) % tp:
+        raise ValueError(f"sequence_parallel splits each rank's {seq // cp} tokens over tp={tp} "
+                         f"ranks: use a sequence length that tp x cp = {tp * cp} divides")
+    heads = getattr(m, "n_kv_heads", m.n_heads) // tp
+    if cp > 1 and cp_method == "ulysses" and heads % cp:
+        raise ValueError(f"cp_method='ulysses' gives each of cp={cp} ranks whole key/value heads: "
+                         f"cp must divide the {heads} key/value heads per tensor rank")
+    if recompute and cp > 1:
+        raise ValueError(f"recompute={recompute!r} with cp={cp} is not modelled yet; use "
+                         f"recompute=None")
 
 
 def block_terms(m, batch: int, seq: int, e: int, tp: int, sequence_parallel: bool = False,

@@ -1,7 +1,8 @@
 """Which layers and parameters a pipeline GPU holds; the V schedules' memory per rank.
 
-Why this module exists: :func:`layer_counts` and :func:`held_parameters` are the estimate's
-rule for cutting a model into pipeline stages. A V placement (Qi et al. 2024 §6; DeepSeek's
+Why this module exists: :func:`held_parameters` applies the estimate's rule for cutting a
+model into pipeline stages (:mod:`parlab.memory.stages`: even as possible, or the user's
+``stage_layers``). A V placement (Qi et al. 2024 §6; DeepSeek's
 DualPipeV) cuts the model into 2 pp chunks and gives rank r two of them, r and 2 pp - 1 - r,
 so rank 0 holds both ends of the model: the embedding (chunk 0) and the output layer with
 the loss (chunk 2 pp - 1). A per-stage count (1F1B's stage k holds min(pp - k, m)
@@ -32,29 +33,25 @@ from typing import Callable
 
 from parlab.memory.breakdown import Breakdown, Setup
 from parlab.memory.decoders import stage_parameters
+from parlab.memory.stages import layer_counts, stage_layer_counts, V_SCHEDULES
 from parlab.memory.states import model_state_bytes
 from parlab.models import BookMLP
 
 __all__ = ["V_SCHEDULES", "layer_counts", "held_parameters", "v_chunks", "v_parameters",
            "v_in_flight", "v_problem", "fewest_microbatches", "v_breakdowns"]
 
-#: The schedules that place two chunks per rank in a V.
-V_SCHEDULES = ("zbv", "dualpipev")
-
-
-def layer_counts(n: int, parts: int) -> list[int]:
-    """n layers over ``parts`` stages as evenly as possible, the extra ones first."""
-    return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
 
 
 def held_parameters(s: Setup, stage: int) -> int:
     """Parameters one GPU of pipeline ``stage`` holds (Megatron's tensor-parallel layout)."""
     m, t, last = s.model, s.tp, stage == s.pp - 1
     if isinstance(m, BookMLP):
-        first = sum(layer_counts(len(m.layers), s.pp)[:stage])
-        layers = m.layers[first:first + layer_counts(len(m.layers), s.pp)[stage]]
+        counts = stage_layer_counts(len(m.layers), s.pp, s.stage_layers)
+        first = sum(counts[:stage])
+        layers = m.layers[first:first + counts[stage]]
         return sum(layer.W.numel() + layer.b.numel() for layer in layers)
-    return stage_parameters(m, t, layer_counts(m.n_layers, s.pp)[stage], stage == 0, last, s.pp)
+    counts = stage_layer_counts(m.n_layers, s.pp, s.stage_layers)
+    return stage_parameters(m, t, counts[stage], stage == 0, last, s.pp)
 
 
 def v_parameters(s: Setup, rank: int) -> int:

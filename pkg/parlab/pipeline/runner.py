@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from parlab.launch import recording, span
 from parlab.checks import check_count
+from parlab.memory import check_stage_layers
 from parlab.pipeline.programs import Program
 from parlab.pipeline.schedules import Schedule
 from parlab.pipeline.simulator import Event, StageTransfer, simulate
@@ -40,27 +41,34 @@ __all__ = ["StageRun", "run_schedule", "split_layers"]
 
 
 def split_layers(layers: int, stages: int, stage: int, *, first: int = 0,
-                 last: int = 0, what: str = "model") -> range:
+                 last: int = 0, what: str = "model", stage_layers=None) -> range:
     """Which of ``layers`` layers (0-based) pipeline stage ``stage`` of ``stages`` holds.
 
     The ``first`` layers ride with stage 0 and the ``last`` ones with the last stage (a
     GPT's embeddings and its head, as Megatron places them); the layers between are split
-    into equal, contiguous shares. ``what`` names the model in errors.
+    into equal, contiguous shares, or into ``stage_layers`` (one count per stage, positive,
+    summing to the layers between: the unequal stages of :mod:`parlab.memory.stages`, as
+    Megatron-LM's ``--decoder-first/last-pipeline-num-layers`` make them, the same counts
+    :func:`parlab.memory.estimate` takes). ``what`` names the model in errors.
     """
     check_count("stages", stages, "pipeline stages x chunks")
     middle = layers - first - last
-    if middle < stages:
+    if stage_layers is not None:
+        counts = check_stage_layers(stage_layers, middle, stages, f"the {what}")
+    elif middle < stages:
         raise ValueError(f"stages={stages} is more than the {what}'s {middle} layers: every "
                          f"stage needs at least one layer")
-    if middle % stages:
+    elif middle % stages:
         raise ValueError(f"the {what}'s {middle} layers do not split evenly over {stages} "
-                         f"stages x chunks; choose a divisor of {middle}")
+                         f"stages x chunks; choose a divisor of {middle}, or give "
+                         f"stage_layers, one count per stage")
+    else:
+        counts = (middle // stages,) * stages
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < stages:
         raise ValueError(f"stage must be in 0..{stages - 1}, got {stage!r}")
-    per = middle // stages
-    start = first + stage * per
+    start = first + sum(counts[:stage])
     return range(0 if stage == 0 else start,
-                 layers if stage == stages - 1 else start + per)
+                 layers if stage == stages - 1 else start + counts[stage])
 
 
 @dataclass
