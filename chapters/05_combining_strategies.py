@@ -370,7 +370,7 @@ glue("slides_slower_x", at_slides.ranked[0].step_time_s / found.ranked[0].step_t
 # model with its gradients and Adam state, plus the activations of one sequence:
 # <span data-glue="two_way_gb">386</span> GB. A
 # model of GPT-3's size needs model parallelism across servers too, which is what the
-# pipeline adds. Only <span data-glue="slides_fit">3</span> layouts fit, and the fastest,
+# pipeline adds. Only <span data-glue="slides_fit">4</span> layouts fit, and the fastest,
 # <span data-glue="slides_best">dp 4 x tp 4 x pp 32</span>, keeps just
 # <span data-glue="slides_best_dp">4</span> replicas: at this size the GPUs go to model
 # parallelism first, and what is left to data parallelism. A step takes
@@ -522,7 +522,7 @@ glue("short_b_flat", flat.micro_batch)
 # reward, and the policy improves by reinforcement learning. Later work learns the grouping
 # too (Mirhoseini et al., 2018), or searches with a simulator instead of real runs (FlexFlow,
 # Jia et al., 2019). The planner of this chapter is a placement search as well, but over a
-# space cut down by the structure of a transformer (identical blocks, equal stages,
+# space cut down by the structure of a transformer (identical blocks, stages as even as possible,
 # Megatron's split, rail-aligned ranks), small enough to try every point with a cost model.
 # The sizes:
 
@@ -533,7 +533,7 @@ print(f"ways to write {n_gpus:,} = dp x tp x pp: {space['triples']}; layouts pri
 stages, gpus_per_copy, blocks = best.pp, best.tp * best.pp, GPT3_175B.n_layers
 cuts = math.comb(blocks - 1, stages - 1)
 print(f"cutting {blocks} blocks into {stages} contiguous stages: {cuts:.2e} ways (the planner: "
-      f"1, equal stages)")
+      f"1, as even as possible)")
 print(f"any block on any of the {gpus_per_copy} GPUs of one copy: "
       f"{gpus_per_copy}^{blocks} = 10^{blocks * math.log10(gpus_per_copy):.0f} placements")
 
@@ -542,7 +542,7 @@ glue("space_evaluated", space["evaluated"])
 glue("space_triples", space["triples"])
 
 # %% [markdown]
-# The planner priced <span data-glue="space_evaluated">80</span> layouts from
+# The planner priced <span data-glue="space_evaluated">140</span> layouts from
 # <span data-glue="space_triples">66</span> ways to write the GPU count, where an
 # unconstrained placement of blocks alone has more choices than can ever be tried. Learned
 # placement pays off on irregular graphs, where no such structure cuts the space down; its
