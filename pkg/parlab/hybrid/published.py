@@ -60,8 +60,23 @@ VOCAB, SEQ = 51_200, 2048
 NIC_GBPS, GPUS_PER_SERVER = 200, 8
 
 
+class _GPTRow:
+    """What a published Megatron GPT row derives from its columns (gpus, tp, pp, hidden,
+    layers, heads): shared by every paper's rows."""
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    def gpt(self, name: str) -> TransformerConfig:
+        """The row's GPT: d_ff = 4 h, Megatron's vocabulary and sequence (the output layer tied
+        to the embedding, as Megatron's GPT has it)."""
+        return TransformerConfig(name, self.hidden, self.layers, self.heads, 4 * self.hidden,
+                                 VOCAB, SEQ)
+
+
 @dataclass(frozen=True)
-class PublishedRun:
+class PublishedRun(_GPTRow):
     """One row of a paper's table: the model, its layout and what was measured."""
 
     source: str                 # paper, table and row
@@ -83,16 +98,10 @@ class PublishedRun:
     nic_gbps: float = NIC_GBPS
 
     @property
-    def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
-
-    @property
     def config(self) -> TransformerConfig:
-        """The GPT of this row: d_ff = 4 h, the output layer tied to the embedding (Megatron's
-        GPT; the paper's parameter count, 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), counts
-        V h once)."""
-        return TransformerConfig(f"GPT {self.params_billion:g}B", self.hidden, self.layers,
-                                 self.heads, 4 * self.hidden, VOCAB, SEQ)
+        """The GPT of this row (the paper's parameter count, 12 l h^2 (1 + 13/(12h) + (V + s)/
+        (12 l h)), counts V h once: the output layer is tied to the embedding)."""
+        return self.gpt(f"GPT {self.params_billion:g}B")
 
     @property
     def step_time_s(self) -> float:

@@ -43,15 +43,15 @@ from parlab.hardware import A100
 from parlab.models import TransformerConfig
 from parlab.hybrid.planner import Layout, evaluate
 from parlab.hybrid.placement import cluster
+from parlab.hybrid.published import _GPTRow, GPUS_PER_SERVER, NIC_GBPS, SEQ, VOCAB
 from parlab.checks import check_choice
 
 __all__ = ["KorthikantiRun", "KORTHIKANTI_2022", "IterationPrediction", "model_flops",
            "predict_iteration", "METHODS"]
 
-#: Section 6's shared settings: vocabulary and sequence length.
-VOCAB, SEQ = 51_200, 2048
-#: Selene's servers: 8 A100-80GB GPUs and 8 HDR NICs of 200 Gb/s each (section 6).
-NIC_GBPS, GPUS_PER_SERVER = 200, 8
+# Section 6's settings are Narayanan et al.'s: vocabulary 51,200, sequence 2048, Selene's
+# servers of 8 A100-80GB GPUs and 8 HDR NICs of 200 Gb/s each (VOCAB, SEQ, NIC_GBPS and
+# GPUS_PER_SERVER of parlab.hybrid.published).
 
 #: Table 5's two columns, as the planner's assumptions: "full" is full recomputation without
 #: sequence parallelism, "present" the paper's sequence parallelism + selective recompute.
@@ -60,7 +60,7 @@ METHODS = {"full": dict(recompute="full", sequence_parallel=False),
 
 
 @dataclass(frozen=True)
-class KorthikantiRun:
+class KorthikantiRun(_GPTRow):
     """One model of Tables 3 and 5: its layout and both measured iteration times."""
 
     source: str
@@ -83,14 +83,9 @@ class KorthikantiRun:
     nic_gbps: float = NIC_GBPS
 
     @property
-    def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
-
-    @property
     def config(self) -> TransformerConfig:
-        """The GPT of this row: d_ff = 4 h, embedding and output layer shared (section 3)."""
-        return TransformerConfig(f"GPT {self.name}", self.hidden, self.layers, self.heads,
-                                 4 * self.hidden, VOCAB, SEQ)
+        """The GPT of this row (embedding and output layer shared, section 3)."""
+        return self.gpt(f"GPT {self.name}")
 
     def published_s(self, method: str) -> float:
         """Table 5's iteration time for ``method`` ("full" or "present")."""
