@@ -11,7 +11,8 @@ import pytest
 from parlab import memory
 from parlab.hardware import GPUS
 from parlab.hybrid import (
-    Assumptions, NARAYANAN_2021_TABLE_1, cluster, evaluate, paper_flops, plan, predict
+    Assumptions, NARAYANAN_2021_TABLE_1, cluster, evaluate, paper_flops, plan, plan_published,
+    predict
 )
 
 TIME_TOLERANCE = 0.15
@@ -215,3 +216,20 @@ def test_chapter_table_and_figure():
     text = published_table(rows)
     assert "tp 8 x pp 64 x dp 6, b 1, v 1" in text and text.count("(miss)") == len(MISSES)
     assert compute_ceiling() == pytest.approx(0.4 * 312)
+
+
+@pytest.mark.parametrize("row", [1, 4, 10])
+def test_the_planners_own_layout_is_never_slower_than_the_published_one(row):
+    """Issue 31, item 4: the search covers the published layout, so its fastest can only tie
+    or beat it under the same model; where the 1T run's layout is also the planner's (the
+    only one that fits its memory with 6 replicas), the two are the same layout."""
+    run = NARAYANAN_2021_TABLE_1[row - 1]
+    published, best = plan_published(run)
+    assert (published.dp, published.tp, published.pp) == (run.dp, run.tp, run.pp)
+    assert published.fits and best.fits
+    assert best.step_time_s <= published.step_time_s * (1 + 1e-12)
+    if row == 10:
+        assert (best.dp, best.tp, best.pp, best.recompute) == (6, 8, 64, "full")
+    else:  # these fit without recomputing: the planner skips the extra forward pass
+        assert best.recompute in (None, "selective") and published.recompute == "full"
+        assert best.step_time_s < published.step_time_s

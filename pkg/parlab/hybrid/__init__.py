@@ -37,7 +37,8 @@ from parlab.hybrid.cnn_step import hybrid_step
 from parlab.hybrid.zero_tensor import run_zero_tensor, ZeroTensorRun
 from parlab.hybrid.expert_data import expert_data_rank, ExpertDataRun, MoEBlock, run_expert_data
 from parlab.hybrid.published import (
-    NARAYANAN_2021_TABLE_1, paper_flops, predict, predict_all, Prediction, PublishedRun
+    NARAYANAN_2021_TABLE_1, paper_flops, plan_published, predict, predict_all, Prediction,
+    PublishedRun
 )
 from parlab.hybrid.published_korthikanti import (
     IterationPrediction, KORTHIKANTI_2022, KorthikantiRun, model_flops, predict_iteration
@@ -51,5 +52,5 @@ __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "eva
            "ZeroTensorRun", "Placement", "placement", "CnnCommunication", "cnn_communication",
            "run_expert_data", "ExpertDataRun", "expert_data_rank", "MoEBlock",
            "PublishedRun", "NARAYANAN_2021_TABLE_1", "Prediction", "paper_flops", "predict",
-           "predict_all", "KorthikantiRun", "KORTHIKANTI_2022", "IterationPrediction",
+           "predict_all", "plan_published", "KorthikantiRun", "KORTHIKANTI_2022", "IterationPrediction",
            "model_flops", "predict_iteration"]
