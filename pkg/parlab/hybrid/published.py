@@ -185,7 +185,8 @@ def predict(run: PublishedRun, **assumptions) -> Prediction:
                       **(keywords | assumptions))
     if not layout.fits:
         raise ValueError(f"{run.source}: the published layout does not fit in "
-                         f"{A100.memory_gb:g} GB by the estimate ({layout.memory.total / 1e9:.1f} GB)")
+                         f"{A100.memory_gb:g} GB by the estimate "
+                         f"({layout.memory.total / 1e9:.1f} GB)")
     return Prediction(run, layout)
 
 
