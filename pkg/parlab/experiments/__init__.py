@@ -61,7 +61,8 @@ from parlab.experiments.ch09 import (
     SWEEP_MICROBATCHES, UNIT_PASSES, WIDE_NET, ZB_MICROBATCHES, ZB_RANKS, ZB_SCHEDULES
 )
 from parlab.experiments.ch07 import (
-    balancing_runs, capacity_sweep, example_layer, example_tokens, EXAMPLE, ExpertRun, RANKS, routing_table,
+    balancing_runs, capacity_sweep, example_layer, example_tokens, EXAMPLE, ExpertRun, RANKS,
+    routing_table,
     run_expert_layer, TOKENS
 )
 
@@ -81,7 +82,8 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "RANKS", "TOKENS",
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
            "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",
-           "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units", "SP_CONFIG", "SequenceParallelRun",
+           "compare_methods", "causal_work", "causal_work_chart", "ring_steps", "block_units",
+           "SP_CONFIG", "SequenceParallelRun",
            "run_sequence_parallel", "MEMORY_LAYOUTS", "MEMORY_LENGTHS", "MEMORY_MODELS",
            "LLAMA_31_8B", "memory_by_sequence",
            "memory_by_sequence_chart",
