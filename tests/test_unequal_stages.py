@@ -202,3 +202,12 @@ def test_split_layers_names_a_bad_split():
         split_layers(9, 2, 0, first=1, last=1, stage_layers=(4, 4))
     with pytest.raises(ValueError, match="choose a divisor of 7, or give stage_layers"):
         split_layers(9, 2, 0, first=1, last=1)
+
+
+def test_the_verdict_in_words_names_unequal_stages():
+    """96 layers on 64 stages are 32 stages of 2 and 32 of 1, not "64 stages of 1 layers"."""
+    from parlab.hybrid import evaluate
+
+    words = evaluate("GPT-3 175B", 2, 8, 64, 768).explain()
+    assert "64 pipeline stages of 1 to 2 layers" in words
+    assert "16 pipeline stages of 6 layers" in evaluate("GPT-3 175B", 8, 8, 16, 192).explain()

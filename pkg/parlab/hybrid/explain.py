@@ -26,14 +26,23 @@ def _plural(n: int, word: str, suffix: str = "s") -> str:
     return f"{n:,} {word}{suffix if n != 1 else ''}"
 
 
+def _layers(counts) -> str:
+    """``[2, 2, 1]`` as "1 to 2 layers"; equal counts as "2 layers"."""
+    low, high = min(counts), max(counts)
+    return _plural(high, "layer") if low == high else f"{low} to {high} layers"
+
+
 def _shape(lay) -> str:
     parts = []
-    if lay.pp > 1 and lay.assumptions.schedule in memory.V_SCHEDULES:
+    a = lay.assumptions
+    if lay.pp > 1:
+        per_rank = memory.rank_layers(lay.config.n_layers, lay.pp, a.schedule,
+                                      a.virtual_stages, a.stage_layers)
+    if lay.pp > 1 and a.schedule in memory.V_SCHEDULES:
         parts.append(f"cut into {2 * lay.pp} chunks in a V over {lay.pp} pipeline ranks, "
-                     f"{lay.config.n_layers // lay.pp} layers per rank")
+                     f"{_layers(per_rank)} per rank")
     elif lay.pp > 1:
-        parts.append(f"cut into {lay.pp} pipeline stages of {lay.config.n_layers // lay.pp} "
-                     f"layers")
+        parts.append(f"cut into {lay.pp} pipeline stages of {_layers(per_rank)}")
     if lay.tp > 1:
         parts.append(f"with every layer's matrices split over {lay.tp} GPUs")
     copies = f"{lay.dp} replicas of {lay.config.name}" if lay.dp > 1 else lay.config.name
