@@ -68,6 +68,19 @@ class _GPTRow:
     def dp(self) -> int:
         return self.gpus // (self.tp * self.pp)
 
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per replica: the global batch over dp x the published micro-batch."""
+        return self.batch // (self.dp * self.micro_batch)
+
+    def setting(self) -> tuple:
+        """(cluster, planner keywords) every paper's row is priced with: its GPUs on servers of
+        8 with its NICs, its batch, Megatron's sequence, its GPU, the attention FLOPs, and
+        pipeline messages scattered over the NICs and gathered over NVLink."""
+        return (cluster(self.gpus, GPUS_PER_SERVER, self.nic_gbps, gpu=self.gpu),
+                dict(global_batch=self.batch, seq=SEQ, gpu=self.gpu, attention_flops=True,
+                     scatter_gather=True))
+
     def gpt(self, name: str) -> TransformerConfig:
         """The row's GPT: d_ff = 4 h, Megatron's vocabulary and sequence (the output layer tied
         to the embedding, as Megatron's GPT has it)."""
@@ -176,12 +189,10 @@ def predict(run: PublishedRun, **assumptions) -> Prediction:
     data-parallel implementation (see the module docstring); ``assumptions``: other
     :class:`~parlab.hybrid.Assumptions` keywords, or overrides of these (``virtual_stages=1``
     prices plain 1F1B, ``overlap_data_parallel=False`` no overlap)."""
-    topology = cluster(run.gpus, GPUS_PER_SERVER, run.nic_gbps, gpu=run.gpu)
-    m = run.batch // (run.dp * run.micro_batch)
-    keywords = dict(global_batch=run.batch, seq=SEQ, gpu=run.gpu, recompute="full",
-                    attention_flops=True, virtual_stages=run.virtual_stages,
-                    overlap_data_parallel=run.ddp == "torch", scatter_gather=True)
-    layout = evaluate(run.config, run.dp, run.tp, run.pp, m, topology=topology,
+    topology, keywords = run.setting()
+    keywords |= dict(recompute="full", virtual_stages=run.virtual_stages,
+                     overlap_data_parallel=run.ddp == "torch")
+    layout = evaluate(run.config, run.dp, run.tp, run.pp, run.microbatches, topology=topology,
                       **(keywords | assumptions))
     if not layout.fits:
         raise ValueError(f"{run.source}: the published layout does not fit in "
@@ -207,15 +218,13 @@ def plan_published(run: PublishedRun) -> tuple[Layout, Layout]:
     (the search takes one ``virtual_stages`` for every layout), so the published layout is
     priced here as plain 1F1B with the recomputation the planner would pick for it.
     """
-    topology = cluster(run.gpus, GPUS_PER_SERVER, run.nic_gbps, gpu=run.gpu)
-    keywords = dict(global_batch=run.batch, seq=SEQ, gpu=run.gpu, attention_flops=True,
-                    overlap_data_parallel=run.ddp == "torch", scatter_gather=True)
+    topology, keywords = run.setting()
+    keywords["overlap_data_parallel"] = run.ddp == "torch"
     options = (None, "selective", "full")
     fastest = plan(run.config, run.gpus, topology=topology, recompute=options, **keywords)
     if not fastest:
         raise ValueError(f"{run.source}: no layout fits by the estimate")
-    m = run.batch // (run.dp * run.micro_batch)
-    priced = [evaluate(run.config, run.dp, run.tp, run.pp, m, topology=topology, recompute=r,
-                       **keywords) for r in options]
+    priced = [evaluate(run.config, run.dp, run.tp, run.pp, run.microbatches, topology=topology,
+                       recompute=r, **keywords) for r in options]
     published = min((lay for lay in priced if lay.fits), key=lambda lay: lay.step_time_s)
     return published, fastest[0]

@@ -42,8 +42,7 @@ from dataclasses import dataclass
 from parlab.hardware import A100
 from parlab.models import TransformerConfig
 from parlab.hybrid.planner import Layout, evaluate
-from parlab.hybrid.placement import cluster
-from parlab.hybrid.published import _GPTRow, GPUS_PER_SERVER, NIC_GBPS, SEQ, VOCAB
+from parlab.hybrid.published import _GPTRow, NIC_GBPS, SEQ, VOCAB
 from parlab.checks import check_choice
 
 __all__ = ["KorthikantiRun", "KORTHIKANTI_2022", "IterationPrediction", "model_flops",
@@ -149,11 +148,9 @@ def predict_iteration(run: KorthikantiRun, method: str = "present",
     docstring); ``assumptions``: other :class:`~parlab.hybrid.Assumptions` keywords or
     overrides."""
     check_choice("method", method, tuple(METHODS))
-    topology = cluster(run.gpus, GPUS_PER_SERVER, run.nic_gbps, gpu=run.gpu)
-    m = run.batch // (run.dp * run.micro_batch)
-    keywords = dict(global_batch=run.batch, seq=SEQ, gpu=run.gpu, attention_flops=True,
-                    virtual_stages=run.virtual_stages, scatter_gather=True) | METHODS[method]
-    layout = evaluate(run.config, run.dp, run.tp, run.pp, m, topology=topology,
+    topology, keywords = run.setting()
+    keywords |= dict(virtual_stages=run.virtual_stages) | METHODS[method]
+    layout = evaluate(run.config, run.dp, run.tp, run.pp, run.microbatches, topology=topology,
                       **(keywords | assumptions))
     if not layout.fits:
         raise ValueError(f"{run.source} ({method}): the published layout does not fit in "
