@@ -51,16 +51,20 @@ def lab(tmp_path_factory):
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     notebook = root / ".settings" / "@jupyterlab" / "notebook-extension"
     notebook.mkdir(parents=True)
-    # start the notebook's kernel without asking; render every cell, not only those in view
-    (notebook / "tracker.jupyterlab-settings").write_text(
-        json.dumps({"autoStartDefaultKernel": True, "windowingMode": "none"}))
+    # start the notebook's kernel without asking, and shut it down when the notebook closes
+    # (the next chapter opens in the same page); render every cell, not only those in view
+    (notebook / "tracker.jupyterlab-settings").write_text(json.dumps(
+        {"autoStartDefaultKernel": True, "kernelShutdown": True, "windowingMode": "none"}))
     port, token = _free_port(), secrets.token_hex(16)
     log = open(root / "jupyterlab.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
          "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={root / '.settings'}",
-         f"--LabApp.workspaces_dir={root / '.workspaces'}"],
+         f"--LabApp.workspaces_dir={root / '.workspaces'}",
+         # window.jupyterapp: a test opens the next chapter in the loaded page (as a reader
+         # opens a file) instead of loading JupyterLab again, about 5 s a chapter
+         "--LabApp.expose_app_in_browser=True"],
         stdout=log, stderr=subprocess.STDOUT, cwd=root)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -101,3 +105,14 @@ def browser_type_launch_args(browser_type_launch_args):
 @pytest.fixture(scope="session")
 def browser_context_args(browser_context_args):
     return {**browser_context_args, "viewport": {"width": 1400, "height": 1000}}
+
+
+@pytest.fixture(scope="module")
+def lab_page(browser, browser_context_args):
+    """One page for a test file's chapters: JupyterLab loads once, each chapter opens in it.
+    (pytest-playwright's ``page`` is new for every test; a failing chapter's screenshot is
+    saved by the test itself.)"""
+    context = browser.new_context(**browser_context_args)
+    page = context.new_page()
+    yield page
+    context.close()

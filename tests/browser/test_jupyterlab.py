@@ -79,14 +79,31 @@ INK = """() => {
 
 
 def _open(page, lab, name):
-    """Open the notebook and wait until every cell is rendered and the kernel is idle."""
+    """Open the notebook and wait until every cell is rendered and the kernel is idle.
+
+    The first chapter of a page loads JupyterLab at the notebook's address; later ones close
+    what is open (which shuts its kernel down) and open the next file in the same app."""
     base, token, root = lab
     cells = len(json.loads((Path(root) / name).read_text())["cells"])
-    workspace = Path(name).stem  # one workspace per chapter: no tab restored from another test
-    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?token={token}")
+    if page.evaluate("() => !window.jupyterapp"):
+        # one workspace per page: no tab restored from another test file's page
+        workspace = f"page-{Path(name).stem}"
+        page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?token={token}")
+    else:
+        # the last chapter's moved widget left it unsaved: close it without the dialog
+        page.evaluate("async name => { const app = window.jupyterapp;"
+                      " for (const w of app.shell.widgets('main'))"
+                      "   if (w.context) w.context.model.dirty = false;"
+                      " await app.commands.execute('application:close-all');"
+                      " await app.commands.execute('docmanager:open',"
+                      " {path: name, factory: 'Notebook'}); }", name)
     page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
-    page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length === {cells}",
-                           timeout=60_000)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.jp-NotebookPanel').length === 1 && "
+        f"document.querySelectorAll('.jp-Notebook .jp-Cell').length === {cells} && "
+        f"document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator') && "
+        f"(window.jupyterapp?.shell.currentWidget?.context?.path ?? {json.dumps(name)})"
+        f" === {json.dumps(name)}", timeout=60_000)
     if page.query_selector(".jp-Dialog"):  # should the kernel dialog appear anyway: accept
         page.click(".jp-Dialog .jp-mod-accept")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
@@ -209,12 +226,25 @@ def _move_one_control(page):
 
 
 @pytest.mark.parametrize("name", FIRST)
-def test_chapter_runs_in_jupyterlab(lab, page, name):
-    check_chapter(lab, page, name)
+def test_chapter_runs_in_jupyterlab(lab, lab_page, name):
+    check_chapter(lab, lab_page, name)
 
 
 def check_chapter(lab, page, name):
-    """Open the chapter, run all, find no error and a figure, move one explorer's control."""
+    """Open the chapter, run all, find no error and a figure, move one explorer's control.
+    Where it fails, a screenshot of the page is kept in test-artifacts/browser/."""
+    try:
+        _check_chapter(lab, page, name)
+    except BaseException:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        try:
+            page.screenshot(path=str(ARTIFACTS / name.replace(".ipynb", "-failed.png")))
+        except Exception:
+            pass  # the page itself may be what failed
+        raise
+
+
+def _check_chapter(lab, page, name):
     _open(page, lab, name)
     _run_all(page, lab[2])
     notebook = _save_and_read(page, lab, name)
