@@ -7,6 +7,7 @@ suite if it starts to pass, so the mark is removed then) with its reason written
 """
 
 import pytest
+from torch import nn
 
 from parlab import memory
 from parlab.hardware import GPUS
@@ -115,6 +116,21 @@ def test_gpu_and_memory_that_disagree_are_an_error():
                            gpu_memory_gb=80).capacity == 80 * 10 ** 9
     assert memory.estimate("GPT-2 small", (8, 1024), gpu="A100-80GB").capacity == 80 * 10 ** 9
     assert memory.estimate("GPT-2 small", (8, 1024), gpu_memory_gb=40).capacity == 40 * 10 ** 9
+
+
+def test_min_gpus_and_measure_take_a_gpu_by_name():
+    """The other two calculators take the same keyword: the named GPU's capacity is the limit."""
+    by_name = memory.min_gpus("GPT-3 175B", (8, 2048), gpu="A100-80GB")
+    by_size = memory.min_gpus("GPT-3 175B", (8, 2048), gpu_memory_gb=80)
+    half = memory.min_gpus("GPT-3 175B", (8, 2048), gpu_memory_gb=40)
+    assert by_name.gpus == by_size.gpus < half.gpus
+    assert by_name.breakdown.capacity == 80 * 10 ** 9
+    with pytest.raises(ValueError, match="gpu_memory_gb=40"):
+        memory.min_gpus("GPT-3 175B", (8, 2048), gpu="A100-80GB", gpu_memory_gb=40)
+    measured = memory.measure(nn.Linear(4, 2), (3, 4), "sgd", gpu="A100-80GB")
+    assert measured.capacity == 80 * 10 ** 9
+    with pytest.raises(ValueError, match="unknown gpu"):
+        memory.measure(nn.Linear(4, 2), (3, 4), "sgd", gpu="V100")
 
 
 def test_a100_is_slower_by_the_datasheets_ratio():

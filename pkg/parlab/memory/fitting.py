@@ -12,7 +12,7 @@ import math
 from torch import nn
 
 from parlab.checks import check_count
-from parlab.hardware import GPU_MEMORY_GB
+from parlab.hardware import gpu_memory
 from parlab.memory.breakdown import describe_setup, Plan
 from parlab.memory.calculator import estimate, resolve_setup
 from parlab.memory.decoders import DECODERS, tp_problem
@@ -24,9 +24,9 @@ __all__ = ["min_gpus"]
 
 
 def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
-             gpu_memory_gb: float = GPU_MEMORY_GB, microbatches: int = 1, schedule: str = "1f1b",
+             gpu_memory_gb: float | None = None, microbatches: int = 1, schedule: str = "1f1b",
              max_tp: int = 8, zero: int = 0, recompute: str | None = None, *,
-             example_input=None, loss_fn=None, ep: int = 1) -> Plan:
+             example_input=None, loss_fn=None, ep: int = 1, gpu: str | None = None) -> Plan:
     """The fewest GPUs (dp x tp x pp) whose busiest GPU fits in ``gpu_memory_gb``.
 
     Tensor parallelism is kept within one server and to powers of two (up to ``max_tp``, 8
@@ -40,9 +40,11 @@ def min_gpus(model, input_shape=None, optimizer: str = "adam", precision: str = 
     by data parallelism and by pipeline stages of contiguous top-level children, balanced
     by parameter count (tp stays 1); it is traced once per micro-batch size tried. With ``ep``
     (its MoE layers' experts over ``ep`` GPUs), only data-parallel degrees that ``ep`` divides
-    are tried.
+    are tried. ``gpu``: a name in :data:`parlab.hardware.GPUS`, whose capacity is the limit
+    (as in :func:`estimate`; None: ``gpu_memory_gb``, else 80 GB).
     """
     check_count("max_tp", max_tp)
+    gpu_memory_gb = gpu_memory(gpu, gpu_memory_gb)
     s = resolve_setup(model, input_shape, optimizer, precision, ep, 1, 1, microbatches,
                       schedule, gpu_memory_gb, zero, recompute, example_input=example_input,
                       loss_fn=loss_fn, ep=ep)

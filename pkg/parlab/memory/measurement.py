@@ -16,7 +16,7 @@ from itertools import chain
 import torch
 from torch import nn
 
-from parlab.hardware import GPU_MEMORY_GB
+from parlab.hardware import gpu_memory
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
 from parlab.memory.calculator import resolve_setup
 from parlab.memory.tracing import default_loss, failure_message
@@ -105,8 +105,8 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def measure(model, input_shape=None, optimizer: str = "adam", precision: str = "fp32",
             dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1, schedule: str = "1f1b",
-            gpu_memory_gb: float = GPU_MEMORY_GB, device: str = "cpu", seed: int = 0, *,
-            example_input=None, loss_fn=None) -> Breakdown:
+            gpu_memory_gb: float | None = None, device: str = "cpu", seed: int = 0, *,
+            example_input=None, loss_fn=None, gpu: str | None = None) -> Breakdown:
     """Run real training steps and count, part by part, the bytes the second step kept.
 
     The first step creates the gradients and the optimizer state (torch allocates both
@@ -127,9 +127,10 @@ def measure(model, input_shape=None, optimizer: str = "adam", precision: str = "
     the module's error; running out of memory is a MemoryError (the step's tensors are freed).
 
     One process plays one data-parallel rank (batch/dp per step), so tp and pp must be 1.
+    ``gpu`` names the GPU whose capacity ``fits`` is judged against, as in :func:`estimate`.
     """
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
-                      schedule, gpu_memory_gb, example_input=example_input, loss_fn=loss_fn)
+                      schedule, gpu_memory(gpu, gpu_memory_gb), example_input=example_input, loss_fn=loss_fn)
     _check_device(device)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
