@@ -124,3 +124,12 @@ def test_defaults_keep_the_chapters_numbers():
     a = Assumptions()
     assert a.virtual_stages == 1 and not a.overlap_data_parallel and not a.scatter_gather
     assert plan("GPT-2 small", 8, global_batch=32)[0].assumptions.virtual_stages == 1
+
+
+def test_an_interleaved_estimate_says_so_in_its_label():
+    from parlab import memory
+
+    job = ("GPT-3 175B", (32, 2048), "adam", "bf16", 1, 8, 16, 32)
+    assert memory.estimate(*job, virtual_stages=3).label.endswith(
+        "32 micro-batches (interleaved 1f1b, 3 chunks a rank)")
+    assert memory.estimate(*job).label.endswith("32 micro-batches (1f1b)")

@@ -177,7 +177,9 @@ def describe_setup(s: Setup, what: str) -> str:
     split += f" cp={s.cp} ({s.cp_method})" if s.cp > 1 else ""
     split += ", sequence parallel" if s.sequence_parallel else ""
     split += f", stage layers {list(s.stage_layers)}" if s.stage_layers else ""
-    mb = f", {s.microbatches} micro-batches ({s.schedule})" if s.microbatches > 1 else ""
+    schedule = (f"interleaved {s.schedule}, {s.virtual_stages} chunks a rank"
+                if s.virtual_stages > 1 else s.schedule)
+    mb = f", {s.microbatches} micro-batches ({schedule})" if s.microbatches > 1 else ""
     zero = f", ZeRO-{s.zero}" if s.zero else ""
     zero += f", {s.recompute} recompute" if s.recompute else ""
     batch = "" if s.inputs else f", batch {s.batch}" + (f" x seq {s.seq}" if s.seq > 1 else "")
