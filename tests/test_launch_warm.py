@@ -75,6 +75,28 @@ def test_first_launch_forks_from_the_caller_and_starts_like_a_server_rank():
     assert state == "{('torch.float32', True)}", out
 
 
+def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
+    """A launch that waits for a cold server imports torch._dynamo in the caller (a reader's
+    first optimizer needs it) and has finished that import when it returns; a direct launch
+    (forked from the caller) imports nothing in the background, nor does a warm one."""
+    out = _python("""
+        import sys, threading
+        import torch.distributed as dist
+        from parlab.launch import run, server
+
+        def fn():
+            return dist.get_rank()
+
+        direct = run(fn, 2, threads=1)  # cold, one thread a rank: forked from the caller
+        after_direct = "torch._dynamo" in sys.modules
+        waited = run(fn, 2, threads=2)  # the server was started by the first: waits for it
+        names = [t.name for t in threading.enumerate()]
+        print(list(direct), after_direct, list(waited), "torch._dynamo" in sys.modules,
+              "parlab-import-while-waiting" in names, server.import_while_waiting())
+    """)
+    assert out.split() == ["[0,", "1]", "False", "[0,", "1]", "True", "False", "None"], out
+
+
 def test_direct_fork_only_when_safe():
     assert not server.direct_fork_safe("nccl", 1)
     assert not server.direct_fork_safe("gloo", 2)  # OpenMP in a forked child can hang

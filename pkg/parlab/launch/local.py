@@ -31,8 +31,8 @@ from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_bac
 from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import in_rank, rank_main
 from parlab.launch.result import Run
-from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe, is_started,
-                                  warm, warm_after_import_cell)
+from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe,
+                                  import_while_waiting, is_started, warm, warm_after_import_cell)
 from parlab.launch.sources import code_origins, for_the_reader
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
@@ -105,6 +105,7 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
     direct = not is_started() and direct_fork_safe(backend, threads)
     if not direct:
         warm()  # the ranks come from the server: start it now, if nothing did yet
+    importing = None if direct else import_while_waiting()
     workdir = make_workdir()
     alive_recv, alive_send = mpc.Pipe(duplex=False)
     procs, conns = [], []
@@ -142,6 +143,8 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
         remove_workdir(workdir)
         _print_outputs(outputs)
         warm()  # after a direct launch: the next launches will come from the server
+        if importing is not None:
+            importing.join()
     return Run(results, world_size=world_size, backend=backend,
                seconds=time.monotonic() - started, outputs=outputs, extras=extras, spans=spans)
 

@@ -39,7 +39,7 @@ except ImportError:  # no forkserver on this platform (Windows): parlab imports,
     popen_forkserver = None
 
 __all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm", "is_started",
-           "direct_fork_safe", "warm_after_import_cell"]
+           "direct_fork_safe", "warm_after_import_cell", "import_while_waiting"]
 
 _forkserver_ready = False
 _warm = threading.Event()  # set once the server has forked a process: it is fully preloaded
@@ -139,6 +139,38 @@ def _start_server_apart() -> None:
 
 
 _apart: list = []
+
+
+#: What the caller itself imports while its first launch waits for the server (see below).
+_CALLER_IMPORTS = ("torch._dynamo",)
+
+
+def import_while_waiting() -> threading.Thread | None:
+    """While a launch waits for a server still importing torch, import in this process, on a
+    background thread, what the caller will soon import anyway; the launch joins the thread
+    before it returns. None when there is nothing to wait for or nothing left to import.
+
+    Why: a notebook's first launch waits seconds for the server while the kernel sits idle
+    and a core is free, and most chapters then build an optimizer in the kernel itself (a
+    reference run, a measurement), whose first construction imports ``torch._dynamo`` (about
+    3 s on a small machine: ``add_param_group`` is wrapped by ``torch._disable_dynamo``).
+    Imported here, that time overlaps the wait. The thread runs only while the caller's own
+    thread is inside the launch, which forks nothing of the caller, so no import runs beside
+    the reader's code and no fork copies a half-done import.
+    """
+    if is_warm() or all(name in sys.modules for name in _CALLER_IMPORTS):
+        return None
+
+    def work():
+        for name in _CALLER_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the caller imports it itself when it needs it
+                return
+
+    thread = threading.Thread(target=work, name="parlab-import-while-waiting", daemon=True)
+    thread.start()
+    return thread
 
 
 def _noop() -> None:
