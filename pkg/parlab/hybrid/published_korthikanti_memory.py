@@ -14,8 +14,9 @@ v = vocabulary; 2-byte activations, 1-byte dropout masks; bytes:
 - **Table 2**, per transformer layer (:data:`KORTHIKANTI_TECHNIQUES`): no parallelism
   s b h (34 + 5 a s/h) (equation 1); tensor parallel (the baseline)
   s b h (10 + 24/t + 5 a s/(h t)) (equation 2); tensor + sequence parallel
-  s b h (34/t + 5 a s/(h t)) (equation 4); tensor parallel + selective recompute s b h (10 + 24/t); tensor + sequence parallel + selective recompute
-  s b h 34/t (equation 6 per layer); full recompute s b h 2 (section 5: 2 s b h L).
+  s b h (34/t + 5 a s/(h t)) (equation 4); tensor parallel + selective recompute
+  s b h (10 + 24/t); tensor + sequence parallel + selective recompute s b h 34/t (equation 6
+  per layer); full recompute s b h 2 (section 5: 2 s b h L).
 - **Section 4.2.3**, the first pipeline stage holds p micro-batches of L/p layers: L layers'
   worth (equation 5), times 1 + (p - 1)/(p m) with the interleaved schedule.
 - **Section 4.3**, outside the layers, on the first stage: the embedding's dropout mask,
@@ -64,8 +65,8 @@ from parlab.hybrid.published_korthikanti import KORTHIKANTI_2022, KorthikantiRun
 from parlab.memory import block_activations, estimate, layer_activations
 
 __all__ = ["KORTHIKANTI_TECHNIQUES", "FIGURE_7_TEXT", "FIGURE_7_READING_ERROR",
-           "MemoryComparison", "paper_layer_bytes", "paper_first_stage", "compare_memory", "memory_comparisons",
-           "figure_7_percent"]
+           "MemoryComparison", "paper_layer_bytes", "paper_first_stage", "compare_memory",
+           "memory_comparisons", "figure_7_percent"]
 
 #: Table 2's rows: name -> (tensor-parallel ranks used: "t" the row's or 1, sequence
 #: parallel, recompute). "none" is Table 2's "no parallelism" (t = 1).
