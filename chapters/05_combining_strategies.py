@@ -840,6 +840,44 @@ glue("k_22b_published", k_22b.published_s, ".2f")
 # next to the compute.
 
 # %% [markdown]
+# The same paper gives its memory as formulas rather than as a table: Table 2 counts the
+# bytes one tensor rank keeps for one layer under each technique, equation 5 multiplies
+# them by the layers the first pipeline stage holds (more under interleaving, section
+# 4.2.3), and section 4.3 adds the ends of the model. Below, the paper's formula and
+# `memory.estimate` for the first stage of each model, in GB per GPU. The paper's GPT is
+# Megatron's, with dropout, and ours has none, so the estimate counts the published model
+# with `dropout=True` (the dropout masks and the softmax dropout's output), for every row
+# alike; the layer the estimate holds while it recomputes is left out, as the paper leaves
+# it out.
+
+# %%
+from parlab.experiments.ch05_published import korthikanti_memory_table, MEMORY_TOLERANCE
+from parlab.hybrid import memory_comparisons
+
+k_memory = memory_comparisons()
+print(korthikanti_memory_table(k_memory))
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
+k_mem_errors = [100 * abs(c.first_stage_error) for c in k_memory]
+k_bare = [100 * abs(c.layer_error_no_dropout) for c in k_memory]
+glue("k_mem_cells", len(k_memory))
+glue("k_mem_worst", max(k_mem_errors), ".1f")
+glue("k_mem_bare_worst", max(k_bare), ".0f")
+glue("k_mem_tolerance", 100 * MEMORY_TOLERANCE, ".0f")
+
+# %% [markdown]
+# All <span data-glue="k_mem_cells">24</span> cells agree within
+# <span data-glue="k_mem_worst">2.0</span> %, well inside the
+# <span data-glue="k_mem_tolerance">10</span> % goal; the small rest is
+# what the paper calls negligible and we count anyway (LayerNorm statistics, the causal
+# mask, the token ids). The agreement needs the dropout: our GPT as built keeps up to
+# <span data-glue="k_mem_bare_worst">47</span> % less per layer than the paper's, nearly all
+# of it the softmax dropout's mask and output. One of the paper's figures draws the same
+# formulas as shares of the tensor-parallel line, and its text rounds them: "under 20%" with both
+# techniques, 10 % with full recomputation; `tests/test_published_korthikanti_memory.py`
+# holds ours to those words.
+
+# %% [markdown]
 # ## 4. A 3D-parallel job, for real
 #
 # The planner never runs anything. `parlab.hybrid.run_3d` runs the smallest interesting

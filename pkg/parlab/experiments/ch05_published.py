@@ -8,7 +8,9 @@ and the error. :func:`published_table` prints them; the figure ``fig-05-publishe
 (predicted against published) is registered here. :func:`korthikanti_rows` and
 :func:`korthikanti_table` do the same for Korthikanti et al.'s iteration times, each model
 priced twice (full recompute; sequence parallelism + selective recompute) with
-:func:`parlab.hybrid.predict_iteration`.
+:func:`parlab.hybrid.predict_iteration`; :func:`korthikanti_memory_table` sets the same
+paper's activation-memory formulas beside the estimate
+(:mod:`parlab.hybrid.published_korthikanti_memory`).
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab.hybrid import (
-    IterationPrediction, KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1, Prediction, predict,
-    predict_iteration
+    IterationPrediction, KORTHIKANTI_2022, KORTHIKANTI_TECHNIQUES, memory_comparisons,
+    NARAYANAN_2021_TABLE_1, Prediction, predict, predict_iteration
 )
 from parlab.viz import figure
 from parlab.viz.plots import published_figure
 
 __all__ = ["PublishedRow", "published_rows", "published_table", "compute_ceiling",
-           "TIME_TOLERANCE", "KorthikantiRow", "korthikanti_rows", "korthikanti_table"]
+           "TIME_TOLERANCE", "KorthikantiRow", "korthikanti_rows", "korthikanti_table",
+           "MEMORY_TOLERANCE", "korthikanti_memory_table"]
 
 #: The one tolerance of issue 31 for a step time (tests/test_published_runs.py).
 TIME_TOLERANCE = 0.15
+#: The one tolerance of issue 31 for memory (tests/test_published_korthikanti_memory.py).
+MEMORY_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,26 @@ def korthikanti_table(rows: list[KorthikantiRow]) -> str:
             lines.append(f"{r.name if first else '':<5}  {layout if first else '':<24}  "
                          f"{label:<20}  {p.published_s:>8.2f}s  {p.step_time_s:>8.2f}s  "
                          f"{p.time_error:>+5.0%}  {speed:>21}{mark}")
+    return "\n".join(lines)
+
+
+def korthikanti_memory_table(comparisons=None) -> str:
+    """Korthikanti et al.'s activations on the first pipeline stage (Table 2 x equation 5,
+    interleaving and section 4.3 included), one line per technique of Table 2 and one column
+    per model of Table 3: the paper's GB per GPU, ours (``memory.estimate`` with Megatron's
+    dropout, less the layer being recomputed) and the error."""
+    comparisons = memory_comparisons() if comparisons is None else comparisons
+    models = list(dict.fromkeys(c.run.name for c in comparisons))
+    cell = {(c.run.name, c.method): c for c in comparisons}
+    lines = [f"{'technique':<16}" + "".join(f"  {m + ' paper / ours GB':>28}" for m in models)]
+    for method in KORTHIKANTI_TECHNIQUES:
+        row = f"{method:<16}"
+        for m in models:
+            c = cell[m, method]
+            mark = " (miss)" if abs(c.first_stage_error) > MEMORY_TOLERANCE else ""
+            row += (f"  {c.paper_first / 1e9:>8.1f} / {c.ours_first / 1e9:>6.1f} "
+                    f"{c.first_stage_error:>+6.1%}{mark}").rjust(30)
+        lines.append(row)
     return "\n".join(lines)
 
 

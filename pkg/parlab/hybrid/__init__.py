@@ -13,7 +13,9 @@ over the copies of a tensor-parallel MLP), ``expert_data`` (experts split over `
 inside ``dp`` data-parallel ones, each expert's gradient summed over its holders),
 ``published`` (published training runs as data, Narayanan et al. 2021's Table 1, and the
 planner's price of each), ``published_korthikanti`` (Korthikanti et al. 2022's iteration
-times with full recompute and with sequence parallelism + selective recompute, priced). The
+times with full recompute and with sequence parallelism + selective recompute, priced),
+``published_korthikanti_memory`` (the same paper's activation-memory formulas beside the
+estimate). The
 slides' summary and
 the copy sizes of chapters 01 and 05 side by side are chapter 05's experiments
 (:mod:`parlab.experiments`). This is the only layer that combines strategies: each hybrid
@@ -43,6 +45,9 @@ from parlab.hybrid.published import (
 from parlab.hybrid.published_korthikanti import (
     IterationPrediction, KORTHIKANTI_2022, KorthikantiRun, model_flops, predict_iteration
 )
+from parlab.hybrid.published_korthikanti_memory import (
+    compare_memory, memory_comparisons, MemoryComparison, KORTHIKANTI_TECHNIQUES
+)
 
 __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "evaluate",
            "bubble_fraction", "table", "TIME_PARTS", "explain", "place", "cluster", "group_links",
@@ -53,4 +58,5 @@ __all__ = ["Assumptions", "Layout", "Rejected", "Search", "plan", "search", "eva
            "run_expert_data", "ExpertDataRun", "expert_data_rank", "MoEBlock",
            "PublishedRun", "NARAYANAN_2021_TABLE_1", "Prediction", "paper_flops", "predict",
            "predict_all", "plan_published", "KorthikantiRun", "KORTHIKANTI_2022", "IterationPrediction",
-           "model_flops", "predict_iteration"]
+           "model_flops", "predict_iteration", "compare_memory", "memory_comparisons",
+           "MemoryComparison", "KORTHIKANTI_TECHNIQUES"]

@@ -115,6 +115,7 @@ class Setup(NamedTuple):
     sequence_parallel: bool = False  # Megatron's: the norm regions' tokens split over tp
     virtual_stages: int = 1      # interleaved 1F1B: model chunks per rank (1: plain 1F1B)
     stage_layers: tuple[int, ...] | None = None  # layers per stage (None: even, extra first)
+    dropout: bool = False        # count a Megatron GPT's dropout activations (decoders.block_terms)
 
     @property
     def micro_batch(self) -> int:
@@ -176,6 +177,7 @@ def describe_setup(s: Setup, what: str) -> str:
     split += f" ep={s.ep}" if s.ep > 1 else ""
     split += f" cp={s.cp} ({s.cp_method})" if s.cp > 1 else ""
     split += ", sequence parallel" if s.sequence_parallel else ""
+    split += ", with dropout" if s.dropout else ""
     split += f", stage layers {list(s.stage_layers)}" if s.stage_layers else ""
     schedule = (f"interleaved {s.schedule}, {s.virtual_stages} chunks a rank"
                 if s.virtual_stages > 1 else s.schedule)

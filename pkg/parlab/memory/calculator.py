@@ -67,7 +67,7 @@ from parlab.memory.breakdown import (
     Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
 )
 from parlab.memory.decoders import (
-    block_terms, check_sequence_split, CP_METHODS, DECODERS, end_terms, tp_problem
+    block_terms, check_dropout, check_sequence_split, CP_METHODS, DECODERS, end_terms, tp_problem
 )
 from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
@@ -92,14 +92,15 @@ __all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "e
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
                   gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
                   split_points=None, ep=1, cp=1, cp_method="ring",
-                  sequence_parallel=False, virtual_stages=1, stage_layers=None) -> Setup:
+                  sequence_parallel=False, virtual_stages=1, stage_layers=None,
+                  dropout=False) -> Setup:
     """Check every argument once, with an error that names the bad value and the valid ones.
 
     A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`;
     ``example_input``, ``loss_fn``, ``split_points`` and ``ep`` are for modules only,
     ``cp``, ``cp_method`` and ``sequence_parallel`` for transformer configs only,
-    ``stage_layers`` (:mod:`parlab.memory.stages`) for a config or a BookMLP.
-    """
+    ``stage_layers`` (:mod:`parlab.memory.stages`) for a config or a BookMLP, ``dropout``
+    (:func:`parlab.memory.decoders.block_terms`) for a GPT config."""
     check_count("cp", cp, "context-parallel ranks")
     check_choice("cp_method", cp_method, CP_METHODS)
     if not isinstance(sequence_parallel, bool):
@@ -116,6 +117,7 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
         raise TypeError(f"model must be a TransformerConfig or a LlamaConfig (or a config name, "
                         f"a Hugging Face config dict or config.json path), a BookMLP, or any "
                         f"torch.nn.Module, got {type(model).__name__}")
+    check_dropout(model, dropout, cp)
     precision = check_precision(precision)
     optimizer = check_optimizer(optimizer)
     check_schedule(schedule)
@@ -181,12 +183,12 @@ def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbat
     return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
                  capacity, zero, recompute, cp=cp, cp_method=cp_method,
                  sequence_parallel=sequence_parallel, virtual_stages=virtual_stages,
-                 stage_layers=stage_layers)
+                 stage_layers=stage_layers, dropout=dropout)
 
 
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) -> Setup:
     """Validate the arguments of one micro-batch's activation count (``split``: ``cp``,
-    ``cp_method``, ``sequence_parallel``, ``stage_layers``)."""
+    ``cp_method``, ``sequence_parallel``, ``stage_layers``, ``dropout``)."""
     model = get_config(model) if isinstance(model, (str, dict, os.PathLike)) else model
     check_count("seq", seq)  # an MLP ignores it, but a bad one is still a mistake
     shape = (batch, seq) if isinstance(model, DECODERS) else (batch,)
@@ -197,18 +199,18 @@ def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) ->
 def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", tp: int = 1,
                      stage: int = 0, pp: int = 1, recompute: str | None = None, *,
                      cp: int = 1, cp_method: str = "ring", sequence_parallel: bool = False,
-                     stage_layers=None) -> int:
+                     stage_layers=None, dropout: bool = False) -> int:
     """Bytes autograd saves for one micro-batch of ``batch`` x ``seq`` on one pipeline stage.
 
     The pipeline chapter multiplies this by the micro-batches a stage holds in flight. With
     ``recompute`` (one of :data:`parlab.memory.RECOMPUTE`): the bytes the stage's layers keep
     plus the one layer rebuilt during the backward pass. ``cp``, ``cp_method`` and
     ``sequence_parallel``: as in :func:`block_activations`; ``stage_layers``: the layers of
-    each stage (:mod:`parlab.memory.stages`; None: as even as possible, the extra first).
-    """
+    each stage (:mod:`parlab.memory.stages`; None: as even as possible, the extra first);
+    ``dropout``: as in :func:`block_activations`."""
     return sum(_stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
                                   stage_layers, cp=cp, cp_method=cp_method,
-                                  sequence_parallel=sequence_parallel))
+                                  sequence_parallel=sequence_parallel, dropout=dropout))
 
 
 def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
@@ -224,7 +226,7 @@ def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
     counts = stage_layer_counts(len(per_layer) - 2, pp, s.stage_layers)
     start = 1 + sum(counts[:stage])
     layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute,
-                                s.sequence_parallel)
+                                s.sequence_parallel, s.dropout)
               for n in per_layer[start:start + counts[stage]]]
     total = sum(kept for kept, _ in layers)
     if stage == 0:
@@ -238,27 +240,28 @@ def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
 
 def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp32",
                           tp: int = 1, *, cp: int = 1, cp_method: str = "ring",
-                          sequence_parallel: bool = False) -> dict[str, int]:
+                          sequence_parallel: bool = False, dropout=False) -> dict[str, int]:
     """Saved bytes of one micro-batch, layer by layer: the input end, each layer, the loss end.
     With ``cp`` context-parallel ranks each holds seq / cp tokens of both ends (the
     embedding and the loss work token by token) and its blocks as :func:`block_activations`
-    counts them."""
+    counts them (``dropout``: as there)."""
     s = _micro(model, batch, seq, precision, tp, cp=cp, cp_method=cp_method,
-               sequence_parallel=sequence_parallel)
+               sequence_parallel=sequence_parallel, dropout=dropout)
     e, m = s.precision.bytes, s.model
     if isinstance(m, BookMLP):
         out = {"input": batch * m.sizes[0] * e}
         out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
         return out | {"loss": batch * m.sizes[-1] * e}
-    block = sum(block_terms(m, batch, seq, e, tp, sequence_parallel, cp, cp_method).values())
-    embedding, head = end_terms(m, batch, seq // cp, e, tp)
+    block = sum(block_terms(m, batch, seq, e, tp, sequence_parallel, cp, cp_method,
+                            s.dropout).values())
+    embedding, head = end_terms(m, batch, seq // cp, e, tp, s.dropout, sequence_parallel)
     return {"embedding": embedding} | {f"block {i}": block for i in range(1, m.n_layers + 1)} \
         | {"head": head}
 
 
 def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
                       tp: int = 1, sequence_parallel: bool = False, *, cp: int = 1,
-                      cp_method: str = "ring") -> dict[str, int]:
+                      cp_method: str = "ring", dropout: bool = False) -> dict[str, int]:
     """Saved bytes of one block of :func:`parlab.models.build_model`, tensor by tensor.
 
     :func:`activations_per_layer` adds these up; the formulas live in
@@ -267,39 +270,37 @@ def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
     h heads, s bytes per element, in a GPT block:
 
     - ``ln1 input`` (the block's input x) and ``ln1 output``, the one tensor the Q, K and V
-      projections all save (s b T d each); ``ln mean/rstd``: both LayerNorms' per-token
-      mean and 1/std, 4 b T elements of the compute dtype (so on the CPU; CUDA's kernel keeps
-      them in fp32);
+      projections all save (s b T d each); ``ln mean/rstd``: both LayerNorms' per-token mean
+      and 1/std, 4 b T elements of the compute dtype (on the CPU; CUDA's kernel keeps fp32);
     - ``q heads``, ``k heads``, ``v heads``: the batched matmuls save contiguous copies of
       the (b, h, T, d/h) head views (s b T d / tp each);
     - ``causal mask``: masked_fill keeps the T x T boolean mask (T^2 bytes, per layer);
-    - ``softmax probabilities``: s b h T^2 / tp, kept once, by softmax and by the product
-      with V;
+    - ``softmax probabilities``: s b h T^2 / tp, kept once, by softmax and by the V product;
     - ``attention output``: the heads put back together, out_proj's input (s b T d / tp);
     - ``ln2 input`` and ``ln2 output`` (fc1's input), s b T d each;
     - ``gelu input`` (fc1's output) and ``gelu output`` (fc2's input), s b T f / tp each.
 
     A Llama block (RMSNorm in fp32, rotary tables, a fused attention kernel's logsumexp
-    instead of T x T probabilities, SwiGLU's four d_ff-wide tensors) has its own keys,
-    listed in :mod:`parlab.memory.decoders`. ``model``: a
-    :class:`~parlab.models.TransformerConfig` or :class:`~parlab.models.LlamaConfig` (or its
-    name), with ``tp`` dividing its heads (and key/value heads) and d_ff; the norms' tensors
-    are replicated under tensor parallelism, unless ``sequence_parallel`` (GPT blocks, as
-    :class:`parlab.tensor_parallel.TensorParallelBlock` runs them; a Llama's by the same
-    rule) splits their tokens ``tp`` ways as well.
+    instead of T x T probabilities, SwiGLU's four d_ff-wide tensors) has its own keys, listed
+    in :mod:`parlab.memory.decoders`. ``model``: a :class:`~parlab.models.TransformerConfig`
+    or :class:`~parlab.models.LlamaConfig` (or its name), with ``tp`` dividing its heads (and
+    key/value heads) and d_ff; the norms' tensors are replicated under tensor parallelism,
+    unless ``sequence_parallel`` (GPT blocks, as ``TensorParallelBlock`` runs them; a Llama's
+    by the same rule) splits their tokens ``tp`` ways as well.
 
     ``cp`` context-parallel ranks (``seq`` is the whole sequence) each count a block of seq
-    / cp tokens whose attention core is the one of ``cp_method`` (one of
-    :data:`parlab.memory.CP_METHODS`, as
-    :func:`parlab.context_parallel.apply_context_parallel` runs them): its keys are listed in
-    :func:`parlab.memory.decoders.context_core_terms`.
+    / cp tokens whose attention core is the one of ``cp_method`` (:data:`CP_METHODS`, as
+    :func:`parlab.context_parallel.apply_context_parallel` runs them; keys:
+    :func:`parlab.memory.decoders.context_core_terms`). ``dropout`` (GPT, cp = 1): also count
+    Megatron-LM's dropout, which the published runs had and our GPT has not (its masks and the
+    softmax dropout's output; keys: :func:`parlab.memory.decoders.block_terms`).
     """
     if not isinstance(get_config(model) if isinstance(model, str) else model, DECODERS):
         raise ValueError(f"block_activations counts a transformer block; got {model!r}")
     s = _micro(model, batch, seq, precision, tp, cp=cp, cp_method=cp_method,
-               sequence_parallel=sequence_parallel)
+               sequence_parallel=sequence_parallel, dropout=dropout)
     return block_terms(s.model, batch, seq, s.precision.bytes, tp, sequence_parallel, cp,
-                       cp_method)
+                       cp_method, dropout)
 
 
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
@@ -308,8 +309,9 @@ def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
     kept, rebuilt = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name, s.tp,
                                        stage, s.pp, s.recompute, s.stage_layers, cp=s.cp,
                                        cp_method=s.cp_method,
-                                       sequence_parallel=s.sequence_parallel)
-    ends = end_terms(s.model, s.micro_batch, s.seq // s.cp, s.precision.bytes, s.tp) \
+                                       sequence_parallel=s.sequence_parallel, dropout=s.dropout)
+    ends = end_terms(s.model, s.micro_batch, s.seq // s.cp, s.precision.bytes, s.tp,
+                     s.dropout, s.sequence_parallel) \
         if isinstance(s.model, DECODERS) else (0, 0)
     held = held_bytes(s, stage, kept, ends[0] * (stage == 0) + ends[1] * (stage == s.pp - 1))
     return Breakdown(**states.parts(), activations=held + rebuilt, capacity=s.capacity,
@@ -329,7 +331,7 @@ def rank_breakdowns(s: Setup, label: str) -> list[Breakdown]:
         if key not in known:
             known[key] = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name,
                                             s.tp, k, K, s.recompute, None, cp=s.cp,
-                                            cp_method=s.cp_method,
+                                            cp_method=s.cp_method, dropout=s.dropout,
                                             sequence_parallel=s.sequence_parallel)
         return known[key]
 
@@ -342,7 +344,7 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
              recompute: str | None = None, *, example_input=None, loss_fn=None,
              split_points=None, ep: int = 1, cp: int = 1, cp_method: str = "ring",
              sequence_parallel: bool = False, gpu: str | None = None,
-             virtual_stages: int = 1, stage_layers=None) -> Breakdown:
+             virtual_stages: int = 1, stage_layers=None, dropout: bool = False) -> Breakdown:
     """Predicted bytes per part on the busiest GPU (see the module docstring for the formulas).
 
     ``model``: a :class:`~parlab.models.TransformerConfig` (or its name), a
@@ -378,16 +380,16 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     ("ring", "all-gather" or "ulysses", :func:`block_activations`); they hold the same
     weights, so the job has dp x tp x pp x cp GPUs and ZeRO shards over the dp x cp of them
     that hold the same layers, as Megatron-LM's distributed optimizer does.
-    ``sequence_parallel`` (Megatron's) splits the norm regions' tokens over the ``tp`` GPUs.
+    ``sequence_parallel`` (Megatron's) splits the norm regions' tokens over the ``tp`` GPUs;
+    ``dropout`` (GPT configs) counts Megatron-LM's dropout as well (:func:`block_activations`).
     ``gpu``: a name in :data:`parlab.hardware.GPUS`, whose capacity is the limit (None: 80 GB,
     or ``gpu_memory_gb``; giving both is a ValueError unless they agree). ``virtual_stages``
-    (v > 1, schedule "1f1b"): interleaved 1F1B, :mod:`parlab.memory.interleaved`.
-    """
+    (v > 1, schedule "1f1b"): interleaved 1F1B, :mod:`parlab.memory.interleaved`."""
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
                       schedule, gpu_memory(gpu, gpu_memory_gb), zero, recompute, example_input=example_input,
                       loss_fn=loss_fn, split_points=split_points, ep=ep, cp=cp,
                       cp_method=cp_method, sequence_parallel=sequence_parallel,
-                      virtual_stages=virtual_stages, stage_layers=stage_layers)
+                      virtual_stages=virtual_stages, stage_layers=stage_layers, dropout=dropout)
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
         return estimate_module(s, label)

@@ -29,6 +29,7 @@ from parlab.checks import check_count
 from parlab.models import forward_flops, LlamaConfig, TransformerConfig
 
 __all__ = ["DECODERS", "CP_METHODS", "tensor_split_sizes", "tp_problem", "check_sequence_split",
+           "check_dropout",
            "block_terms",
            "context_core_terms", "end_terms",
            "stage_parameters", "full_input", "selective_terms", "block_flops_per_token"]
@@ -71,6 +72,19 @@ def tp_problem(m, tp: int) -> str:
     return f"{text}; valid tp for {m.name}: {valid}"
 
 
+def check_dropout(m, dropout, cp: int = 1) -> bool:
+    """``dropout`` if it is True or False and counted for ``m`` (a GPT config, cp = 1), else
+    the error that says why (:func:`block_terms` documents what it adds)."""
+    if not isinstance(dropout, bool):
+        raise TypeError(f"dropout must be True or False, got {dropout!r}")
+    if dropout and not isinstance(m, TransformerConfig):
+        raise ValueError(f"dropout=True counts the dropout of Megatron-LM's GPT (a "
+                         f"TransformerConfig); {getattr(m, 'name', m)!r} has none modelled")
+    if dropout and cp > 1:
+        raise ValueError(f"dropout=True with cp={cp} is not modelled yet; use cp=1")
+    return dropout
+
+
 def check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recompute) -> None:
     """The sequence splits of ``m`` that cannot work, each a ValueError naming its numbers."""
     if seq % cp:
@@ -89,7 +103,7 @@ def check_sequence_split(m, seq, tp, cp, cp_method, sequence_parallel, recompute
 
 
 def block_terms(m, batch: int, seq: int, e: int, tp: int, sequence_parallel: bool = False,
-                cp: int = 1, cp_method: str = "ring") -> dict[str, int]:
+                cp: int = 1, cp_method: str = "ring", dropout: bool = False) -> dict[str, int]:
     """Bytes one block saves for b = ``batch`` sequences of T = ``seq`` tokens, tensor by
     tensor, on one of ``tp`` ranks (``e`` bytes per element of the compute dtype).
     :func:`parlab.memory.block_activations` documents the keys. ``sequence_parallel``
@@ -97,7 +111,18 @@ def block_terms(m, batch: int, seq: int, e: int, tp: int, sequence_parallel: boo
     norms' inputs, outputs and statistics) are divided by ``tp`` too; the column-parallel
     layers keep their own tokens only and gather them again for backward. ``cp``: each of
     ``cp`` context-parallel ranks holds T/cp tokens, and its attention core is
-    :func:`context_core_terms` for ``cp_method``."""
+    :func:`context_core_terms` for ``cp_method``.
+
+    ``dropout`` (GPT configs only): count the dropout of Megatron-LM's GPT, which the
+    published runs trained with (Korthikanti et al. 2022, section 4.1) and
+    :func:`parlab.models.build_model` does not build. It adds, in the order the forward pass
+    saves them, ``attention dropout mask`` (one byte per softmax probability, b h T^2 / tp),
+    ``attention dropout output`` (what the product with V then keeps besides the
+    probabilities softmax keeps, e b h T^2 / tp), and the one-byte masks of the dropouts after
+    the attention and after the MLP (``attention out dropout mask``, ``mlp dropout mask``,
+    b T d each, replicated like the norms' tensors, or split ``tp`` ways under
+    ``sequence_parallel``)."""
+    check_dropout(m, dropout, cp)
     if cp > 1:
         terms = block_terms(m, batch, seq // cp, e, tp, sequence_parallel)
         core = context_core_terms(m, batch, seq, e, tp, cp, cp_method)
@@ -116,11 +141,15 @@ def block_terms(m, batch: int, seq: int, e: int, tp: int, sequence_parallel: boo
         x, stats = x // tp, e * 4 * bt // tp
     else:
         stats = e * 4 * bt
+    probs = batch * m.n_heads * seq * seq // tp
+    core = {"causal mask": seq * seq, "softmax probabilities": e * probs}
+    if dropout:
+        core |= {"attention dropout mask": probs, "attention dropout output": e * probs}
+    mask = {"attention out dropout mask": x // e} if dropout else {}
     return {"ln1 input": x, "ln1 output": x, "ln mean/rstd": stats, "q heads": heads,
-            "k heads": heads, "v heads": heads, "causal mask": seq * seq,
-            "softmax probabilities": e * batch * m.n_heads * seq * seq // tp,
-            "attention output": heads, "ln2 input": x, "ln2 output": x, "gelu input": ff,
-            "gelu output": ff}
+            "k heads": heads, "v heads": heads, **core, "attention output": heads, **mask,
+            "ln2 input": x, "ln2 output": x, "gelu input": ff, "gelu output": ff,
+            **({"mlp dropout mask": x // e} if dropout else {})}
 
 
 def context_core_terms(m, batch: int, seq: int, e: int, tp: int, cp: int,
@@ -196,19 +225,24 @@ def _llama_block(m: LlamaConfig, batch: int, seq: int, e: int, tp: int,
             "silu x up": ff}
 
 
-def end_terms(m, batch: int, seq: int, e: int, tp: int) -> tuple[int, int]:
+def end_terms(m, batch: int, seq: int, e: int, tp: int, dropout: bool = False,
+              sequence_parallel: bool = False) -> tuple[int, int]:
     """(embedding, head): bytes saved outside the blocks for one micro-batch.
 
     Embedding: the token ids, 8 b T (int64), and for a GPT the positions, 8 T. Head: the
     final norm (a GPT's LayerNorm: input and output, e b T d each, mean/rstd e 2 b T; a
     Llama's RMSNorm: fp32 input 4 b T d, 1/rms 4 b T, normalised and output e b T d each),
     the log-probabilities that cross-entropy keeps, e b T ceil(vocab / tp), its total weight
-    (one element) and the targets, 8 b T.
+    (one element) and the targets, 8 b T. ``dropout`` (a GPT's, as in :func:`block_terms`):
+    the embedding's dropout keeps a one-byte mask, b T d (split ``tp`` ways under
+    ``sequence_parallel``, as Megatron-LM runs it).
     """
+    check_dropout(m, dropout)
     bt, d, vocab = batch * seq, m.d_model, math.ceil(m.vocab / tp)
     if isinstance(m, LlamaConfig):
         return 8 * bt, 4 * bt * d + 4 * bt + e * (2 * bt * d + bt * vocab + 1) + 8 * bt
-    return 8 * bt + 8 * seq, e * (2 * bt * d + 2 * bt + bt * vocab + 1) + 8 * bt
+    mask = bt * d // (tp if sequence_parallel else 1) if dropout else 0
+    return 8 * bt + 8 * seq + mask, e * (2 * bt * d + 2 * bt + bt * vocab + 1) + 8 * bt
 
 
 def stage_parameters(m, tp: int, layers: int, first: bool, last: bool, pp: int) -> int:
@@ -242,7 +276,8 @@ def full_input(m, batch: int, seq: int, e: int) -> tuple[int, int]:
     return x, (0 if isinstance(m, LlamaConfig) and e != 4 else x)
 
 
-def selective_terms(m, batch: int, seq: int, e: int, tp: int) -> tuple[int, int]:
+def selective_terms(m, batch: int, seq: int, e: int, tp: int,
+                    dropout: bool = False) -> tuple[int, int]:
     """(dropped, rebuilt): bytes selective recompute takes off what a block keeps, and what
     recomputing its attention core makes again (one block at a time).
 
@@ -259,14 +294,19 @@ def selective_terms(m, batch: int, seq: int, e: int, tp: int) -> tuple[int, int]
       the key/value copies for the un-copied k and v (e b T (d - d_kv) / tp each). Rebuilt:
       the logsumexp, the output, and the two copies with grouped-query attention. A fused
       attention kernel keeps no T x T tensor, so there is little left to drop.
+
+    ``dropout`` (a GPT's, :func:`block_terms`): the softmax dropout is inside the core, so its
+    mask and output are dropped and rebuilt with the probabilities (Korthikanti et al. 2022,
+    section 5: the core is QK^T, softmax, softmax dropout and the product with V).
     """
-    t = block_terms(m, batch, seq, e, tp)
+    t = block_terms(m, batch, seq, e, tp, dropout=dropout)
     if isinstance(m, LlamaConfig):
         grouped = m.n_kv_heads < m.n_heads
         copies = t["k heads"] + t["v heads"] if grouped else 0
         dropped = t["attention logsumexp"] + copies - 2 * e * batch * seq * m.d_kv // tp * grouped
         return dropped, t["attention logsumexp"] + t["attention output"] + copies
     scores = t["softmax probabilities"] + t["causal mask"]
+    scores += t.get("attention dropout mask", 0) + t.get("attention dropout output", 0)
     return scores, scores + t["q heads"] + t["k heads"] + t["v heads"]
 
 

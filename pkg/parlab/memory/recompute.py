@@ -57,14 +57,13 @@ def check_recompute(recompute):
 
 # --- the formulas ----------------------------------------------------------------------------
 
-def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_bytes: int,
-                      tp: int = 1, recompute=None, sequence_parallel=False) -> tuple[int, int]:
+def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_bytes: int, tp=1,
+                      recompute=None, sequence_parallel=False, dropout=False) -> tuple[int, int]:
     """(kept, working): bytes one layer keeps from its forward to its backward, and the bytes
     its recomputation creates again while its backward runs (one layer at a time).
 
-    ``model`` is a GPT or Llama config or a :class:`~parlab.models.BookMLP`; ``layer_bytes``
-    is what the layer keeps without recompute (a value of
-    :func:`parlab.memory.activations_per_layer`) for one micro-batch of ``batch`` x ``seq``.
+    ``model``: a GPT or Llama config or a :class:`~parlab.models.BookMLP`; ``layer_bytes``: what
+    the layer keeps without recompute (:func:`parlab.memory.activations_per_layer`).
 
     - ``None``: (layer_bytes, 0).
     - ``"full"``, transformer block: it keeps its input, b T d s bytes (replicated under tensor
@@ -77,8 +76,9 @@ def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_byt
     - ``"selective"``, transformer block: its attention core is dropped and rebuilt one layer
       at a time (:func:`parlab.memory.decoders.selective_terms`: a GPT drops its s b h T^2 / tp
       probabilities and T^2-byte mask and rebuilds them with the Q, K, V head copies; a Llama,
-      whose fused attention keeps no T x T tensor, drops little). An MLP has no attention: as
-      ``None``. ``sequence_parallel``: full recompute keeps 1/tp of the (split) input.
+      whose fused attention keeps no T x T tensor, drops little; ``dropout``: the core's
+      dropout goes too). An MLP has no attention: as ``None``. ``sequence_parallel``: full
+      recompute keeps 1/tp of the (split) input.
     """
     check_recompute(recompute)
     if recompute is None or (recompute == "selective" and isinstance(model, BookMLP)):
@@ -88,7 +88,7 @@ def layer_activations(model, layer_bytes: int, batch: int, seq: int, element_byt
     if recompute == "full":
         kept = full_input(model, batch, seq, element_bytes)
         return full_recompute(layer_bytes, *(x // (tp if sequence_parallel else 1) for x in kept))
-    dropped, rebuilt = selective_terms(model, batch, seq, element_bytes, tp)
+    dropped, rebuilt = selective_terms(model, batch, seq, element_bytes, tp, dropout)
     return layer_bytes - dropped, rebuilt
 
 
