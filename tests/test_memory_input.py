@@ -19,8 +19,9 @@ def test_min_gpus_refuses_a_bad_max_tp(max_tp, shown):
 @pytest.mark.parametrize("gb", ["80", float("inf"), float("nan"), -1, 0, True, None])
 @pytest.mark.parametrize("fn", [memory.estimate, memory.min_gpus, memory.measure])
 def test_gpu_memory_gb_must_be_a_positive_finite_number(fn, gb):
-    if fn is memory.estimate and gb is None:   # estimate's None: the gpu's capacity (issue 31)
-        assert fn(TINY, (2, 16), gpu_memory_gb=gb).capacity == 80 * 10 ** 9
+    if gb is None:   # None: the gpu's capacity, the default one's here (issue 31)
+        result = fn(TINY, (2, 16), gpu_memory_gb=gb)
+        assert getattr(result, "breakdown", result).capacity == 80 * 10 ** 9
         return
     with pytest.raises(ValueError, match=r"gpu_memory_gb must be positive: a finite number"):
         fn(TINY, (2, 16), gpu_memory_gb=gb)
