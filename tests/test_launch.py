@@ -1,5 +1,6 @@
 """The rank launcher: results in rank order, failures surface fast, nothing outlives a call."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -168,6 +169,8 @@ def test_interrupt_stops_every_rank(tmp_path):
                 f.write(str(os.getpid()))
             time.sleep(60)
         if __name__ == "__main__":
+            import faulthandler  # SIGUSR1: every thread's stack to stderr (no thread added)
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
             run(lambda: 0, 1)  # warm the forkserver so the ranks start at once
             threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
             try:
@@ -176,7 +179,14 @@ def test_interrupt_stops_every_rank(tmp_path):
                 print("interrupted")
     """))
     start = time.monotonic()
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:  # seen twice under load: the interrupt was never seen and the launch ran 60 s; then
+        proc.wait(timeout=40)  # the stacks say where the caller's threads were
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+    stdout, stderr = proc.communicate(timeout=100)
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert out.returncode == 0, out.stderr
     assert "interrupted" in out.stdout and time.monotonic() - start < 30
     pids = read_pids(str(tmp_path))
