@@ -44,6 +44,24 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if id(item) not in dropped]
 
 
+def pytest_collection_finish(session):
+    """Ship the test modules' functions to ranks by value, as a notebook's functions travel.
+
+    cloudpickle sends a function of an importable module by name, so every rank of a launch
+    would import the test module that defined it, and with it pytest (0.3 s a rank, 0.7 s a
+    launch of 4 ranks on 2 cores: three quarters of a warm launch). By value, a rank imports
+    only what the function uses, as it does for a reader's cell.
+    """
+    import sys
+
+    import cloudpickle
+    names = {item.module.__name__ for item in session.items
+             if getattr(item, "module", None) is not None}
+    for name in names:
+        if name in sys.modules:
+            cloudpickle.register_pickle_by_value(sys.modules[name])
+
+
 @pytest.fixture
 def pid_dir(tmp_path):
     """A folder where ranks record their process ids."""
