@@ -79,6 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parlab.hardware import A100
 from parlab.checks import check_choice, check_count, check_positive_number
 from parlab.models.compute import block_matmuls, matmul_efficiency
 from parlab.models.hf import get_config
@@ -227,8 +228,8 @@ class LayerTime:
 
 def layer_time(config, micro_batch: int, seq: int, tp: int = 1,
                sequence_parallel: bool = False, recompute: str | None = None,
-               attention: bool = True, matmul_tflops: float = 271.2,
-               tb_per_s: float = 2.039) -> LayerTime:
+               attention: bool = True, matmul_tflops: float = A100.matmul_tflops,
+               tb_per_s: float = A100.hbm_tb_per_s) -> LayerTime:
     """:class:`LayerTime` of one layer of ``config`` for ``micro_batch`` sequences of ``seq``
     tokens (module docstring); ``attention=False`` leaves the score products out of the
     forward and backward (the 6 x parameters x tokens rule) but not out of what
@@ -250,8 +251,8 @@ def layer_time(config, micro_batch: int, seq: int, tp: int = 1,
     return LayerTime(gemm, scores if attention else 0.0, memory[_F], memory[_B], again)
 
 
-def head_seconds(config, tokens: int, tp: int = 1, matmul_tflops: float = 271.2,
-                 tb_per_s: float = 2.039) -> float:
+def head_seconds(config, tokens: int, tp: int = 1, matmul_tflops: float = A100.matmul_tflops,
+                 tb_per_s: float = A100.hbm_tb_per_s) -> float:
     """Seconds of the output layer's product for ``tokens`` tokens, forward and backward
     (three products of (tokens x h) @ (h x V / t) FLOPs; the vocabulary split over the
     tensor ranks, as Megatron-LM's vocabulary-parallel output layer has it)."""
