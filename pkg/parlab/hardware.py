@@ -13,6 +13,16 @@ Sources (NVIDIA A100 Tensor Core GPU datasheet, SXM4 80 GB): 80 GB of HBM2e at 2
 directions together, so 300 GB/s each way. A DGX A100 server pairs its 8 GPUs with 8
 ConnectX-6 NICs of 200 Gb/s (HDR InfiniBand): the cluster of Narayanan et al. (2021), section 5.
 
+**Maximum achievable matmul FLOP/s** (``matmul_tflops``), measured, not a datasheet number:
+Stas Bekman, "Machine Learning Engineering Open Book" (repository stas00/ml-engineering),
+compute/accelerator/README.md, the "Maximum Achievable Matmul FLOPS comparison table", bf16:
+NVIDIA A100 SXM 271.2 TFLOP/s of its 312 (86.9 %), NVIDIA H100 SXM 794.5 of its 989 (80.3 %),
+each the best shape found by the book's mamf-finder.py (the mean of 100 timed iterations
+after 50 warm-up ones, torch 2.6.0+cu126). It is a ceiling measured on the best shape: a
+product of another shape runs at most that fast, and the roofline's shape factor
+(:func:`parlab.models.matmul_efficiency`) still applies below it
+(:mod:`parlab.models.kernels`, the planner's ``compute_model="kernels"``).
+
 GPUs are data: :data:`GPUS` maps a name to its :class:`GPU`, and :func:`gpu` looks one up
 (what the planner's and the memory calculator's ``gpu`` keyword does).
 """
@@ -34,14 +44,20 @@ class GPU:
     bf16_tflops: float      # dense bf16 peak, TFLOP/s
     hbm_tb_per_s: float     # HBM bandwidth, TB/s
     nvlink_gb_per_s: float  # NVLink bandwidth per direction, GB/s
+    matmul_tflops: float    # maximum achievable bf16 matmul, TFLOP/s (measured: docstring)
+
+    @property
+    def matmul_share(self) -> float:
+        """The maximum achievable matmul speed as a share of the dense bf16 peak."""
+        return self.matmul_tflops / self.bf16_tflops
 
 
 #: The card the book's cluster and every default assume.
 H100 = GPU("H100-80GB", memory_gb=80, bf16_tflops=989.0, hbm_tb_per_s=3.35,
-           nvlink_gb_per_s=450)
+           nvlink_gb_per_s=450, matmul_tflops=794.5)
 #: The card of the Megatron-LM papers' runs (Narayanan et al. 2021; Korthikanti et al. 2022).
 A100 = GPU("A100-80GB", memory_gb=80, bf16_tflops=312.0, hbm_tb_per_s=2.039,
-           nvlink_gb_per_s=300)
+           nvlink_gb_per_s=300, matmul_tflops=271.2)
 #: GPUs by name.
 GPUS = {g.name: g for g in (H100, A100)}
 

@@ -45,7 +45,7 @@ from parlab.experiments import ch05  # noqa: F401  (it registers the chapter's f
 from parlab.experiments.ch05_summary import summary_table, summary_text, SummaryRow
 from parlab.experiments.ch05_copies import copy_sizes, copy_table, CopySize, depth_table
 from parlab.experiments.ch05_fake_ranks import FakeRank, fake_world, measure_rank
-from parlab.experiments.ch05_published import published_rows, published_table, PublishedRow
+from parlab.experiments.ch05_published import compute_ceiling, published_rows, published_table, PublishedRow
 from parlab.experiments.ch06 import stage_table
 from parlab.experiments.ch08 import (
     block_units, causal_work, causal_work_chart, compare_methods, context_inputs,
@@ -78,7 +78,7 @@ __all__ = ["collective_explorer", "draw_collective", "book_step", "datasets_and_
            "qkv_example", "qkv_shards", "book_names", "book_names_table", "cross_rail_bytes",
            "strategy_explorer", "SummaryRow", "summary_table", "summary_text", "CopySize",
            "copy_sizes", "copy_table", "depth_table", "FakeRank", "fake_world", "measure_rank",
-           "published_rows", "published_table", "PublishedRow", "stage_table", "EXAMPLE",
+           "compute_ceiling", "published_rows", "published_table", "PublishedRow", "stage_table", "EXAMPLE",
            "RANKS", "TOKENS",
            "example_layer", "example_tokens", "routing_table", "capacity_sweep", "ExpertRun",
            "CONTEXT_SHAPE", "CONTEXT_RANKS", "context_inputs", "MethodRun",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from parlab.hybrid import (
     IterationPrediction, KORTHIKANTI_2022, KORTHIKANTI_TECHNIQUES, memory_comparisons,
-    NARAYANAN_2021_TABLE_1, Prediction, predict, predict_iteration
+    NARAYANAN_2021_TABLE_1, paper_flops, Prediction, predict, predict_iteration
 )
 from parlab.viz import figure
 from parlab.viz.plots import published_figure
@@ -65,9 +65,11 @@ def published_rows(runs=NARAYANAN_2021_TABLE_1) -> list[PublishedRow]:
 
 def compute_ceiling(run=NARAYANAN_2021_TABLE_1[-1]) -> float:
     """TFLOP/s per GPU that the paper's FLOPs would reach with no bubble and no communication
-    at the planner's assumed speed: mfu x the GPU's peak (the roofline is 1 at these shapes)."""
-    a = predict(run).layout.assumptions
-    return a.mfu * a.gpu_tflops
+    at the model's compute speed: the paper's F over the predicted step's compute and
+    recompute parts (priced by their kernels, :mod:`parlab.models.kernels`), on every GPU."""
+    p = predict(run)
+    seconds = p.layout.times["compute"] + p.layout.times["recompute"]
+    return paper_flops(run) / (seconds * run.gpus) / 1e12
 
 
 def published_table(rows: list[PublishedRow]) -> str:

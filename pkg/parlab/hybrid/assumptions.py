@@ -31,6 +31,16 @@ one is a keyword of :func:`parlab.hybrid.plan`; see :class:`Assumptions`):
   come from its datasheet unless given (then they override it), the planner's memory limit
   is its capacity (``gpu_memory_gb`` too, if it agrees: else a ValueError) and its default
   cluster's NVLink its NVLink speed.
+- **Compute model**: ``compute_model="flat"`` (the default, what the chapters print) is
+  the paragraph above. ``"kernels"`` prices a micro-batch's compute from its kernels
+  instead (:mod:`parlab.models.kernels`, a Megatron-LM GPT layer): the weight products and
+  the attention score products at ``matmul_tflops`` (the GPU's measured maximum achievable
+  matmul speed, :data:`parlab.hardware.GPUS`; an override if given) x the roofline of each
+  product's shape, and the memory-bound ops (layer norms, softmax, GeLU, dropout, residual
+  adds) as their bytes over ``gpu_tb_per_s``; recomputation repeats the forward's kernels
+  (all under "full", the attention core under "selective"). ``mfu`` is not used there (it
+  is the flat model's one constant), and the attention score products follow
+  ``attention_flops`` as above.
 - **Memory**: whatever :func:`parlab.memory.estimate` counts: bf16 with Adam (16 bytes per
   parameter), activations of the micro-batches in flight; ``zero`` (ZeRO stage 0-3, chapter
   06) shards the model states over the dp replicas, and stage 3 makes the data-parallel
@@ -105,7 +115,11 @@ from parlab.models import MFU
 from parlab.tensor_parallel import divisors
 from parlab.checks import check_choice, check_count
 
-__all__ = ["TIME_PARTS", "Assumptions", "bubble_fraction", "split_problem"]
+__all__ = ["TIME_PARTS", "COMPUTE_MODELS", "Assumptions", "bubble_fraction", "split_problem"]
+
+#: How a micro-batch's compute is priced: "flat" (FLOPs at mfu x roofline of peak) or
+#: "kernels" (:mod:`parlab.models.kernels`; see the module docstring's "Compute model").
+COMPUTE_MODELS = ("flat", "kernels")
 
 #: What a step's time is made of, in the order the figures stack it ("recompute" only when
 #: the search tries recomputation).
@@ -171,10 +185,13 @@ class Assumptions:
     overlap_data_parallel: bool = False  # DDP buckets: the all-reduce hides behind a backward
     scatter_gather: bool = False       # pipeline sends 1/tp per NIC, all-gathered over NVLink
     stage_layers: tuple | None = None  # layers per stage (None: even, the extra ones first)
+    compute_model: str = "flat"        # "flat" (mfu x roofline) or "kernels" (measured parts)
+    matmul_tflops: float | None = None  # "kernels": None: the gpu's measured matmul ceiling
 
     def __post_init__(self):
         card = hardware.gpu(self.gpu)       # an unknown name: a ValueError listing GPUS
-        for name, value in (("gpu_tflops", card.bf16_tflops), ("gpu_tb_per_s", card.hbm_tb_per_s)):
+        for name, value in (("gpu_tflops", card.bf16_tflops), ("gpu_tb_per_s", card.hbm_tb_per_s),
+                            ("matmul_tflops", card.matmul_tflops)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         check_count("global_batch", self.global_batch, "sequences per step")
@@ -202,6 +219,11 @@ class Assumptions:
                              f"(math.inf: every micro-batch compute-bound), got "
                              f"{self.gpu_tb_per_s!r}")
         check_choice("zero", self.zero, memory.ZERO_STAGES)
+        check_choice("compute_model", self.compute_model, COMPUTE_MODELS)
+        if isinstance(self.matmul_tflops, bool) or not isinstance(self.matmul_tflops, (int, float)) \
+                or not self.matmul_tflops > 0:
+            raise ValueError(f"matmul_tflops must be a positive speed in TFLOP/s, got "
+                             f"{self.matmul_tflops!r}")
         if self.schedule not in memory.ESTIMATED_SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{list(memory.ESTIMATED_SCHEDULES)}")

@@ -32,7 +32,7 @@ from parlab.hybrid.assumptions import Assumptions, bubble_fraction, split_proble
 from parlab.hybrid.placement import cluster, group_links, place
 from parlab.tensor_parallel import divisors
 from parlab.comm import Topology
-from parlab.hybrid.step import micro_batch_efficiency, step_times
+from parlab.hybrid.step import micro_batch_efficiency, step_times, useful_flops
 from parlab.checks import check_count
 
 __all__ = ["Layout", "Rejected", "Search", "plan", "search", "evaluate", "table"]
@@ -105,8 +105,11 @@ class Layout:
     @property
     def achieved_mfu(self) -> float:
         """Useful FLOPs per step over what the GPUs could do at peak in the step's time."""
-        return (self.times["compute"] * self.assumptions.mfu * self.efficiency
-                / self.step_time_s)
+        a = self.assumptions
+        if a.compute_model == "kernels":
+            flops = useful_flops(self.config, self.tp, self.pp, self.micro_batch, a)
+            return self.microbatches * flops / (a.gpu_tflops * 1e12 * self.step_time_s)
+        return self.times["compute"] * a.mfu * self.efficiency / self.step_time_s
 
     @property
     def name(self) -> str:

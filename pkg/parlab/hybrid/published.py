@@ -19,7 +19,7 @@ achieved teraFLOP/s per GPU. The paper counts those FLOPs with its own formula (
 
 **How a row is predicted** (:func:`predict`): the planner's own model, nothing tuned per
 row: the published tp, pp and dp = GPUs / (tp pp), the published batch, full recomputation,
-attention FLOPs counted, the A100-80GB datasheet (:data:`parlab.hardware.A100`) and a
+attention FLOPs counted, compute priced by its kernels (below), the A100-80GB datasheet (:data:`parlab.hardware.A100`) and a
 rail-optimized cluster with 200 Gb/s NICs. Table 1 itself gives neither the micro-batch size
 nor the schedule's chunks, but the paper's artifact does: the script that ran each row,
 ``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM, sets the micro-batch size
@@ -35,10 +35,22 @@ data-parallel all-reduce overlapped exactly when ``ddp`` is "torch"
 says every Table 1 run used. The predicted step time gives the predicted TFLOP/s through
 the same F, so the ratio of the two TFLOP/s is the inverse ratio of the times.
 
+The compute is priced with ``compute_model="kernels"`` (:mod:`parlab.models.kernels`), the
+same for every row: the weight and attention-score products at the A100's measured maximum
+achievable matmul speed (271.2 TFLOP/s, :data:`parlab.hardware.A100`) x the roofline of
+each product's shape, the memory-bound ops (layer norms, softmax, GeLU, dropout, residual
+adds) as their bytes at the datasheet's 2.039 TB/s, recomputation repeating the forward's
+kernels. The flat model (0.4 x roofline of peak) had the rows slow by 10 % (1.7B) to 52 %
+(1T), growing with the model: a flat share cannot follow the memory-bound work, whose share
+of a layer falls as 1/h.
+
 Known gap, the reason the rows still miss (written into each expected failure of
-``tests/test_published_runs.py``): the compute speed is one flat share of peak (``mfu`` =
-0.4) times the roofline of a micro-batch's shapes, not a measured efficiency curve of the
-A100's matrix multiplications, and the paper reached 44 % to 52 % of peak end to end.
+``tests/test_published_runs.py``): priced by their kernels, every row comes out fast, by
+21 % to 27 %, with no trend left in the model's size: each kernel runs at its ceiling (the
+best-shape matmul speed, the datasheet's memory bandwidth), and what real runs lose below
+those ceilings (matmul shapes that quantize into fewer tiles than the best one, memory
+kernels short of the peak bandwidth, kernel launches, collectives short of the link's
+speed) is not in the model, and is not fitted to it either.
 """
 
 from __future__ import annotations
@@ -191,7 +203,7 @@ def predict(run: PublishedRun, **assumptions) -> Prediction:
     prices plain 1F1B, ``overlap_data_parallel=False`` no overlap)."""
     topology, keywords = run.setting()
     keywords |= dict(recompute="full", virtual_stages=run.virtual_stages,
-                     overlap_data_parallel=run.ddp == "torch")
+                     overlap_data_parallel=run.ddp == "torch", compute_model="kernels")
     layout = evaluate(run.config, run.dp, run.tp, run.pp, run.microbatches, topology=topology,
                       **(keywords | assumptions))
     if not layout.fits:

@@ -22,17 +22,22 @@ Appendix A counts the model FLOPs of one iteration of B sequences as
 **How a row is predicted** (:func:`predict_iteration`): the rule of
 :func:`parlab.hybrid.predict`, nothing tuned per row: :func:`parlab.hybrid.evaluate` at the
 published tp, pp and dp = 1, the published micro-batch size and chunks, attention FLOPs
-counted, the A100-80GB datasheet, a rail-optimized cluster with 200 Gb/s NICs, and the
-scatter/gather of pipeline messages (Megatron-LM's default, ``--no-scatter-gather-tensors-
+counted, compute priced by its kernels, the A100-80GB datasheet, a rail-optimized cluster
+with 200 Gb/s NICs, and the scatter/gather of pipeline messages (Megatron-LM's default, ``--no-scatter-gather-tensors-
 in-pipeline`` turns it off; under sequence parallelism each tensor rank holds only its 1/tp
 of the message anyway). "full" prices ``recompute="full"``; "present" prices
 ``recompute="selective", sequence_parallel=True``.
 
+Compute is priced by its kernels (``compute_model="kernels"``, as
+:func:`parlab.hybrid.predict` does: :mod:`parlab.models.kernels`); the flat model (0.4 x
+roofline of peak) had these rows slow by 16 % (22B) to 65 % (1T).
+
 Known gaps (written into each expected failure of ``tests/test_published_korthikanti.py``):
-the compute runs at one flat share of peak (``mfu`` = 0.4) times the roofline of a
-micro-batch's shapes, while these runs reached 41.5 % to 56.3 % of peak in model FLOPs end
-to end (Table 5); and the planner does not overlap Megatron's tensor-parallel all-reduces,
-while section 6.2 says the backward overlaps them with the weight gradients' computation.
+priced by their kernels the rows come out fast, by 17 % to 29 %: each kernel runs at its
+ceiling (the A100's best-shape matmul speed, its datasheet memory bandwidth), and what real
+runs lose below those ceilings is not modelled; nor is the overlap section 6.2 describes
+(the backward's tensor-parallel all-reduce behind the weight gradients' computation), which
+would make the prediction faster still.
 """
 
 from __future__ import annotations
@@ -149,7 +154,7 @@ def predict_iteration(run: KorthikantiRun, method: str = "present",
     overrides."""
     check_choice("method", method, tuple(METHODS))
     topology, keywords = run.setting()
-    keywords |= dict(virtual_stages=run.virtual_stages) | METHODS[method]
+    keywords |= dict(virtual_stages=run.virtual_stages, compute_model="kernels") | METHODS[method]
     layout = evaluate(run.config, run.dp, run.tp, run.pp, run.microbatches, topology=topology,
                       **(keywords | assumptions))
     if not layout.fits:

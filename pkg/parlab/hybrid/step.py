@@ -5,7 +5,8 @@ Why this module exists: :mod:`parlab.hybrid.planner` searches layouts and
 layout into seconds lives here, so a reader can follow it in one place. The parts
 (:data:`parlab.hybrid.assumptions.TIME_PARTS`) of a step of m micro-batches:
 
-- ``compute``: m micro-batches through one stage, FLOPs at mfu x roofline of peak. A
+- ``compute``: m micro-batches through one stage, FLOPs at mfu x roofline of peak (or,
+  with ``compute_model="kernels"``, each layer's kernels, :func:`kernel_times`). A
   pipeline runs at its slowest stage's pace (every micro-batch passes every stage, so the
   stage with the most layers sets each slot): with unequal stages (pp not dividing the
   layers, or the assumptions' ``stage_layers``) a slot is the even split's L/pp-layer stage
@@ -38,10 +39,13 @@ from __future__ import annotations
 from parlab import memory
 from parlab.comm import allreduce_time, Topology
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction
-from parlab.models import block_matmul_efficiency, compute_seconds, count_parameters, flops_seconds
+from parlab.models import (
+    block_matmul_efficiency, compute_seconds, count_parameters, flops_seconds, head_seconds,
+    layer_time
+)
 
 __all__ = ["DDP_BUCKET_BYTES", "micro_batch_efficiency", "step_times", "exposed_data_parallel",
-           "slowest_stage_scale", "slowest_stage_layers"]
+           "slowest_stage_scale", "slowest_stage_layers", "kernel_times", "useful_flops"]
 
 #: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``), in bytes.
 DDP_BUCKET_BYTES = 25 * 2 ** 20
@@ -78,6 +82,33 @@ def exposed_data_parallel(allreduce_s: float, window_s: float, gradient_bytes: f
     return max(allreduce_s - window_s, last_bucket)
 
 
+def kernel_times(config, tp, pp, b, a: Assumptions, recompute=None) -> tuple:
+    """(compute, recompute, backward) seconds of one micro-batch on the slowest stage's rank
+    with ``compute_model="kernels"``: its layers' :func:`parlab.models.layer_time` (weight and
+    score products at the measured matmul speed x roofline, memory-bound ops at HBM speed),
+    plus the output layer's product spread over the stages as the flat model spreads the
+    embeddings (its share max_k L_k / L)."""
+    seq, layers = a.sequence(config), slowest_stage_layers(config, pp, a)
+    t = layer_time(config, b, seq, tp, a.sequence_parallel, recompute, a.attention_flops,
+                   a.matmul_tflops, a.gpu_tb_per_s)
+    head = head_seconds(config, b * seq, tp, a.matmul_tflops, a.gpu_tb_per_s) \
+        * layers / config.n_layers
+    return (layers * (t.forward + t.backward) + head, layers * t.recompute,
+            layers * t.backward + head * 2 / 3)
+
+
+def useful_flops(config, tp, pp, b, a: Assumptions) -> float:
+    """FLOPs of one micro-batch on the slowest stage's rank that count as useful work: 6 x
+    its parameters x tokens, and the attention scores' when ``attention_flops`` (what the
+    flat model's compute part prices)."""
+    seq, slowest = a.sequence(config), slowest_stage_scale(config, pp, a)
+    flops = 6 * count_parameters(config)["total"] * slowest / (tp * pp) * b * seq
+    if a.attention_flops:
+        flops += 3 * memory.recompute_flops(config, b * seq, "selective", seq).extra \
+            * slowest / (tp * pp)
+    return flops
+
+
 def step_times(config, dp, tp, pp, m, b, links, topology: Topology, a: Assumptions,
                gradient_bytes, recompute=None) -> dict:
     """Seconds per step, part by part (module docstring)."""
@@ -94,6 +125,9 @@ def step_times(config, dp, tp, pp, m, b, links, topology: Topology, a: Assumptio
         compute += flops_seconds(3 * scores * slowest, a.gpu_tflops, rate)
     extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
     again = flops_seconds(extra * slowest, a.gpu_tflops, rate)
+    backward = compute * 2 / 3
+    if a.compute_model == "kernels":
+        compute, again, backward = kernel_times(config, tp, pp, b, a, recompute)
     activation = b * seq * config.d_model * element                 # what crosses a boundary
     tensor = backward_tensor = 0.0
     if tp > 1:
@@ -114,7 +148,7 @@ def step_times(config, dp, tp, pp, m, b, links, topology: Topology, a: Assumptio
     data = (allreduce_time(gradient_bytes, dp, "ring", topology.links[links["data"]])
             * (1.5 if a.zero == 3 else 1.0) if dp > 1 else 0.0)
     if a.overlap_data_parallel:
-        data = exposed_data_parallel(data, compute * 2 / 3 + again + backward_tensor,
+        data = exposed_data_parallel(data, backward + again + backward_tensor,
                                      gradient_bytes)
     times = {"compute": m * compute, "recompute": m * again,
              "bubble": m * busy * fraction / (1 - fraction), "tensor": m * tensor,

@@ -8,7 +8,9 @@ family or its name), ``book_mlp`` (the MLP whose training step keeps the book's 
 z, y, E, local and remote gradients), ``cnn`` (where a CNN's compute and parameters live),
 ``compute`` (FLOPs per token and the GPU-speed assumptions every cost model shares, with the
 roofline share of that speed a micro-batch of n tokens reaches, and the token count
-from which a product is compute-bound), ``compare``
+from which a product is compute-bound), ``kernels`` (one GPT layer's compute as its kernels: weight and score
+products at the GPU's measured matmul speed and the roofline of their shapes, memory-bound
+ops at its HBM bandwidth, byte by byte), ``compare``
 (``max_difference``: how far two runs' tensors are apart), ``moe`` (a mixture-of-experts layer:
 three routers, expert capacity and dropping, SwiGLU experts behind a swappable dispatcher),
 ``moe_balance`` (keeping experts evenly loaded: the Switch auxiliary loss and DeepSeek-V3's
@@ -35,6 +37,10 @@ from parlab.models.cnn import (
     communication_per_layer, LayerProfile, profile, share_by_kind, SmallCNN
 )
 from parlab.models.compare import max_difference
+from parlab.models.kernels import (
+    attention_products, forward_written_bytes, head_seconds, layer_gemms, layer_time, LayerTime,
+    MEMORY_OPS, memory_op_bytes, MemoryOp
+)
 from parlab.models.deepseek import count_deepseek_parameters, DeepSeekV3Config
 from parlab.models.moe import (
     assign_slots, even_rows, expert_capacity, expert_parameters, LocalExperts, MoE, MoEConfig,
@@ -60,6 +66,8 @@ __all__ = ["TransformerConfig", "count_parameters", "build_model", "GPT", "MLP",
            "FORWARD_FLOPS_PER_PARAMETER_TOKEN", "forward_flops",
            "compute_seconds", "flops_seconds", "matmul_efficiency", "block_matmuls",
            "block_matmul_efficiency", "compute_bound_tokens", "matmul_rates", "max_difference",
+           "MemoryOp", "MEMORY_OPS", "LayerTime", "layer_gemms", "attention_products",
+           "memory_op_bytes", "forward_written_bytes", "layer_time", "head_seconds",
            "MoEConfig", "MoE", "Router", "ROUTERS", "route", "Routing", "RoutingStats",
            "expert_capacity", "assign_slots", "LocalExperts", "SwiGLU", "DeepSeekV3Config",
            "count_deepseek_parameters", "even_rows", "expert_parameters", "load_balancing_loss",

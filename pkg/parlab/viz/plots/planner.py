@@ -204,6 +204,7 @@ def published_figure(rows, tolerance: float, ceiling: float | None = None):
         raise ValueError("no rows to draw")
     fig, ax = plt.subplots(figsize=(6.4, 5.2))
     values = [v for r in rows for v in (r.published_tflops, r.predicted_tflops)]
+    values += [] if ceiling is None else [ceiling]
     lo, hi = 0.9 * min(values), 1.05 * max(values)
     ax.plot([lo, hi], [lo, hi], color="#444444", lw=1, label="predicted = published")
     ax.fill_between([lo, hi], [lo / (1 + tolerance), hi / (1 + tolerance)],
@@ -211,7 +212,7 @@ def published_figure(rows, tolerance: float, ceiling: float | None = None):
                     label=f"step time within {tolerance:.0%}")
     if ceiling is not None:
         ax.axhline(ceiling, color="#8172B2", ls="--", lw=1,
-                   label=f"compute alone at the assumed speed, {ceiling:.0f}")
+                   label=f"compute alone at the model's speed, {ceiling:.0f}")
     for r in rows:
         ax.scatter(r.published_tflops, r.predicted_tflops, s=36, zorder=3,
                    color="#4C72B0" if r.within else "#C44E52")
