@@ -16,6 +16,10 @@ def pytest_configure(config):
     microseconds alone took 12 ms (chapter 07's load-balancing figure: 10 to 30 s against
     0.3 s). Ranks set their own threads (``run(..., threads=)``), so this changes no rank.
     """
+    from parlab.launch import preload
+    # the rank server of this process (started at its second launch) imports the chapters'
+    # experiments once; else every rank of every launch that runs one imports them (1.2 s)
+    preload("parlab.experiments")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, (os.cpu_count() or 1) // workers)
