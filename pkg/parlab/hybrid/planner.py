@@ -106,10 +106,8 @@ class Layout:
     def achieved_mfu(self) -> float:
         """Useful FLOPs per step over what the GPUs could do at peak in the step's time."""
         a = self.assumptions
-        if a.compute_model == "kernels":
-            flops = useful_flops(self.config, self.tp, self.pp, self.micro_batch, a)
-            return self.microbatches * flops / (a.gpu_tflops * 1e12 * self.step_time_s)
-        return self.times["compute"] * a.mfu * self.efficiency / self.step_time_s
+        flops = useful_flops(self.config, self.tp, self.pp, self.micro_batch, a)
+        return self.microbatches * flops / (a.gpu_tflops * 1e12 * self.step_time_s)
 
     @property
     def name(self) -> str:

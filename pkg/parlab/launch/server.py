@@ -265,8 +265,7 @@ def warm_after_import_cell(launches_here: bool = True) -> bool:
 
     def after_cell(result=None):
         shell.events.unregister("post_run_cell", after_cell)
-        if not _forkserver_ready:
-            _preload.extend(m for m in _NOTEBOOK_PRELOAD if m not in _preload)
+        preload(*_NOTEBOOK_PRELOAD)
         warm()
 
     shell.events.register("post_run_cell", after_cell)
