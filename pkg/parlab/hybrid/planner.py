@@ -239,12 +239,15 @@ def _evaluate(config, dp, tp, pp, microbatches, gpu_memory_gb, topology, a: Assu
     if problem:
         raise ValueError(problem)
     shape = (a.global_batch, a.sequence(config))
-    breakdown, whole = (memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp,
-                                        microbatches, a.schedule, gpu_memory_gb, zero,
-                                        recompute, sequence_parallel=a.sequence_parallel,
-                                        virtual_stages=a.virtual_stages,
-                                        stage_layers=a.stage_layers)
-                        for zero in (a.zero, 0))   # the exchange moves the whole gradient
+
+    def per_gpu(zero):
+        return memory.estimate(config, shape, a.optimizer, a.precision, dp, tp, pp, microbatches,
+                               a.schedule, gpu_memory_gb, zero, recompute,
+                               sequence_parallel=a.sequence_parallel,
+                               virtual_stages=a.virtual_stages, stage_layers=a.stage_layers)
+
+    breakdown = per_gpu(a.zero)
+    whole = per_gpu(0) if a.zero else breakdown  # the exchange moves the whole gradient
     gpu_of = place(dp, tp, pp, topology.gpus_per_server)
     links = group_links(dp, tp, pp, topology, gpu_of)
     b = a.global_batch // (dp * microbatches)

@@ -63,30 +63,24 @@ import os
 from torch import nn
 
 from parlab.hardware import gpu_memory
-from parlab.memory.breakdown import (
-    Breakdown, check_capacity, check_schedule, describe_setup, ESTIMATED_SCHEDULES, Plan, Setup
-)
-from parlab.memory.decoders import (
-    block_terms, check_dropout, check_sequence_split, CP_METHODS, DECODERS, end_terms, tp_problem
-)
+from parlab.memory.breakdown import (Breakdown, check_capacity, check_schedule, describe_setup,
+                                     ESTIMATED_SCHEDULES, Plan, Setup)
+from parlab.memory.decoders import (block_terms, check_dropout, check_sequence_split, CP_METHODS,
+                                    DECODERS, end_terms, tp_problem)
 from parlab.memory.modules import estimate_module, module_setup
 from parlab.memory.recompute import check_recompute, layer_activations
-from parlab.memory.states import (
-    check_optimizer, check_precision, check_split, check_zero, model_state_bytes
-)
+from parlab.memory.states import (check_optimizer, check_precision, check_split, check_zero,
+                                  model_state_bytes)
 from parlab.memory.interleaved import held_bytes, interleave_problem
 from parlab.memory.stages import check_stage_layers, rank_layers, stage_layer_counts
-from parlab.memory.vshape import (
-    held_parameters, layer_counts, V_SCHEDULES, v_breakdowns, v_parameters, v_problem
-)
+from parlab.memory.vshape import (held_parameters, layer_counts, V_SCHEDULES, v_breakdowns,
+                                  v_parameters, v_problem)
 from parlab.models import BookMLP, DeepSeekV3Config, get_config
 from parlab.checks import check_choice, check_count
 
 __all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "estimate",
-           "rank_breakdowns",
-           "activation_bytes", "activations_per_layer", "block_activations", "resolve_setup",
-           "describe_setup"]
-
+           "rank_breakdowns", "activation_bytes", "activations_per_layer", "block_activations",
+           "resolve_setup", "describe_setup"]
 
 
 def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
@@ -205,9 +199,8 @@ def activation_bytes(model, batch: int, seq: int = 1, precision: str = "fp32", t
     The pipeline chapter multiplies this by the micro-batches a stage holds in flight. With
     ``recompute`` (one of :data:`parlab.memory.RECOMPUTE`): the bytes the stage's layers keep
     plus the one layer rebuilt during the backward pass. ``cp``, ``cp_method`` and
-    ``sequence_parallel``: as in :func:`block_activations`; ``stage_layers``: the layers of
-    each stage (:mod:`parlab.memory.stages`; None: as even as possible, the extra first);
-    ``dropout``: as in :func:`block_activations`."""
+    ``sequence_parallel``, ``dropout``: as in :func:`block_activations`; ``stage_layers``: the
+    layers of each stage (:mod:`parlab.memory.stages`; None: as even as possible, extra first)."""
     return sum(_stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
                                   stage_layers, cp=cp, cp_method=cp_method,
                                   sequence_parallel=sequence_parallel, dropout=dropout))
@@ -221,13 +214,14 @@ def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
                **split)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
-    per_layer = list(activations_per_layer(s.model, batch, seq, precision, tp, **split).values())
+    per_layer = list(_per_layer(s, batch, seq, tp).values())
     # the first and last entries of per_layer are the two ends
     counts = stage_layer_counts(len(per_layer) - 2, pp, s.stage_layers)
     start = 1 + sum(counts[:stage])
-    layers = [layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute,
-                                s.sequence_parallel, s.dropout)
-              for n in per_layer[start:start + counts[stage]]]
+    mine = per_layer[start:start + counts[stage]]
+    priced = {n: layer_activations(s.model, n, batch, seq, s.precision.bytes, tp, recompute,
+                                   s.sequence_parallel, s.dropout) for n in set(mine)}
+    layers = [priced[n] for n in mine]  # a transformer's blocks are alike: each priced once
     total = sum(kept for kept, _ in layers)
     if stage == 0:
         total += per_layer[0]
@@ -247,7 +241,13 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
     counts them (``dropout``: as there)."""
     s = _micro(model, batch, seq, precision, tp, cp=cp, cp_method=cp_method,
                sequence_parallel=sequence_parallel, dropout=dropout)
-    e, m = s.precision.bytes, s.model
+    return _per_layer(s, batch, seq, tp)
+
+
+def _per_layer(s: Setup, batch: int, seq: int, tp: int) -> dict[str, int]:
+    """:func:`activations_per_layer` of a checked one-micro-batch :class:`Setup` ``s``."""
+    e, m, sequence_parallel, cp, cp_method = (s.precision.bytes, s.model, s.sequence_parallel,
+                                              s.cp, s.cp_method)
     if isinstance(m, BookMLP):
         out = {"input": batch * m.sizes[0] * e}
         out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
@@ -386,9 +386,9 @@ def estimate(model, input_shape=None, optimizer: str = "adam", precision: str = 
     or ``gpu_memory_gb``; giving both is a ValueError unless they agree). ``virtual_stages``
     (v > 1, schedule "1f1b"): interleaved 1F1B, :mod:`parlab.memory.interleaved`."""
     s = resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches,
-                      schedule, gpu_memory(gpu, gpu_memory_gb), zero, recompute, example_input=example_input,
-                      loss_fn=loss_fn, split_points=split_points, ep=ep, cp=cp,
-                      cp_method=cp_method, sequence_parallel=sequence_parallel,
+                      schedule, gpu_memory(gpu, gpu_memory_gb), zero, recompute,
+                      example_input=example_input, loss_fn=loss_fn, split_points=split_points,
+                      ep=ep, cp=cp, cp_method=cp_method, sequence_parallel=sequence_parallel,
                       virtual_stages=virtual_stages, stage_layers=stage_layers, dropout=dropout)
     label = describe_setup(s, "estimate per GPU")
     if isinstance(s.model, nn.Module):
