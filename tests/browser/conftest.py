@@ -107,12 +107,24 @@ def browser_context_args(browser_context_args):
     return {**browser_context_args, "viewport": {"width": 1400, "height": 1000}}
 
 
+#: Let Chromium skip the layout and painting of cells out of view (they stay in the page, so
+#: every check still finds them): with every cell rendered, each new output made the browser
+#: lay out the whole notebook again, as much CPU as the kernel and its ranks used.
+SKIP_OFFSCREEN = """document.addEventListener('DOMContentLoaded', () => {
+  const style = document.createElement('style');
+  style.textContent = '.jp-Notebook .jp-Cell { content-visibility: auto; '
+                      + 'contain-intrinsic-size: auto 150px; }';
+  document.head.appendChild(style);
+});"""
+
+
 @pytest.fixture(scope="module")
 def lab_page(browser, browser_context_args):
     """One page for a test file's chapters: JupyterLab loads once, each chapter opens in it.
     (pytest-playwright's ``page`` is new for every test; a failing chapter's screenshot is
     saved by the test itself.)"""
     context = browser.new_context(**browser_context_args)
+    context.add_init_script(SKIP_OFFSCREEN)
     page = context.new_page()
     yield page
     context.close()
