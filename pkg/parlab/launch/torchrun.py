@@ -158,8 +158,15 @@ def _join(backend: str, timeout: float) -> None:
 
 
 def _destroy_group() -> None:
-    if _group["pg"] is not None and dist.is_initialized() and dist.group.WORLD is _group["pg"]:
-        try:
-            dist.barrier()  # nobody leaves while a peer still talks to it
-        finally:
-            dist.destroy_process_group()
+    """At exit: end the group we made, and drop our references to it and to the store, so
+    that their C++ objects (and gloo's threads) go now, not while the interpreter is being
+    torn down (seen once under load: rank 0 aborted at exit, "terminate called without an
+    active exception")."""
+    try:
+        if _group["pg"] is not None and dist.is_initialized() and dist.group.WORLD is _group["pg"]:
+            try:
+                dist.barrier()  # nobody leaves while a peer still talks to it
+            finally:
+                dist.destroy_process_group()
+    finally:
+        _group["pg"] = _group["store"] = None
