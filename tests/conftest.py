@@ -36,6 +36,8 @@ def pytest_xdist_auto_num_workers(config):
     core, 2 workers on 2 cores left 74 of 677 core-seconds of the whole suite idle; a third
     worker runs its tests in those gaps.
     """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own setting wins: it reads that variable
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (cores or 1) + 1
 
