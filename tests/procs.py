@@ -29,6 +29,25 @@ def read_pids(directory):
             if f.startswith("pid.")]
 
 
+def wait_for_pids(directory, count, seconds, proc=None):
+    """The pids in ``directory``'s pid.<rank> files once ``count`` ranks have written theirs,
+    or whatever is there when ``seconds`` have passed or ``proc`` (the launching script) has
+    exited. A file made but not yet written is not counted."""
+    deadline = time.monotonic() + seconds
+    while True:
+        pids = []
+        for name in os.listdir(directory):
+            if name.startswith("pid."):
+                with open(os.path.join(directory, name)) as f:
+                    text = f.read()
+                if text:
+                    pids.append(int(text))
+        if (len(pids) >= count or time.monotonic() > deadline
+                or (proc is not None and proc.poll() is not None)):
+            return pids
+        time.sleep(0.05)
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on (at the time of the call)."""
     import socket

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from procs import free_port, read_pids, wait_gone
+from procs import free_port, read_pids, wait_for_pids, wait_gone
 from parlab import launch
 from parlab.launch import RankError, RankTimeoutError, run
 
@@ -188,15 +188,8 @@ def test_interrupt_stops_every_rank(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while proc.poll() is None:
-        try:
-            if len(read_pids(str(tmp_path))) == 3:
-                break
-        except ValueError:  # a pid file made but not yet written
-            pass
-        assert time.monotonic() < deadline, "the ranks did not start within 60 s"
-        time.sleep(0.05)
+    started = wait_for_pids(str(tmp_path), 3, 60, proc)
+    assert len(started) == 3, f"ranks {started} of 3 started within 60 s (script: {proc.poll()})"
     interrupted = time.monotonic()
     proc.send_signal(signal.SIGINT)
     masks = ""

@@ -19,7 +19,7 @@ import warnings
 import pytest
 import torch.distributed as dist
 
-from procs import clean_env, free_port, read_pids, wait_gone
+from procs import clean_env, free_port, read_pids, wait_for_pids, wait_gone
 from parlab import launch
 from parlab.launch import RankError, run
 
@@ -325,9 +325,7 @@ def test_work_folder_of_a_killed_caller_goes_at_the_next_launch(tmp_path, monkey
     victim = subprocess.Popen([PY, str(script)], env=clean_env(TMPDIR=str(tmp_path)),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while len(read_pids(str(tmp_path))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_pids(str(tmp_path), 2, 120, victim)
         folders = [n for n in os.listdir(tmp_path) if n.startswith("parlab-")]
         assert len(folders) == 1
     finally:
