@@ -210,16 +210,16 @@ def one_step(spec):
 run(one_step, 2, dp.TrainSpec())
 
 # %% [markdown]
-# Now <span data-glue="train_steps">30</span> steps of SGD with momentum, on
+# Now <span data-glue="train_steps">20</span> steps of SGD with momentum, on
 # <span data-glue="train_world_sizes">1, 2 and 4</span> ranks, against one process that sees
 # the whole batch every step. `dp.train` cuts each run into
-# <span data-glue="train_segments">3</span> launches; each resumes from the previous one's
+# <span data-glue="train_segments">2</span> launches; each resumes from the previous one's
 # in-memory checkpoint (weights and momentum), and the progress bar advances per launch.
 # The bars' times are your machine's; the next cell prints the results.
 
 # %% tags=["nbval-ignore-output"]
-spec = dp.TrainSpec(steps=30, lr=0.1, momentum=0.9)
-segments, world_sizes = 3, (1, 2, 4)
+spec = dp.TrainSpec(steps=20, lr=0.1, momentum=0.9)
+segments, world_sizes = 2, (1, 2, 4)
 reference = dp.reference(spec)
 runs = {n: dp.train(spec, n, segments=segments, progress=True) for n in world_sizes}
 
@@ -508,8 +508,8 @@ glue("layer_batch_large", layer_batches[-1])
 # * **tree** (a binomial tree, not pipelined): every message is the whole gradient. The
 #   busiest ranks (the root, and the roots of the subtrees) send about log₂ N of them; half
 #   the ranks are leaves and send one. Measured on
-#   <span data-glue="tree_ranks_small">8</span> and
-#   <span data-glue="tree_ranks_large">16</span> ranks below. This is not how NCCL runs a
+#   <span data-glue="tree_ranks_small">4</span> and
+#   <span data-glue="tree_ranks_large">8</span> ranks below. This is not how NCCL runs a
 #   tree: it cuts the gradient into chunks and streams them through two trees at once, so a
 #   GPU sends about twice the gradient, close to the ring, while the latency grows only
 #   with log₂ N.
@@ -567,7 +567,7 @@ glue("scale_naive_h", cost["naive"][1] / 3600, ".0f")
 # %%
 from parlab.comm import one_collective
 
-tree_sizes = (8, 16)
+tree_sizes = (4, 8)
 for n in tree_sizes:
     _, tree = run_with_traffic(one_collective, n, "all_reduce", 4, algorithm="tree")
     sent = tree.per_rank()["messages sent"]
@@ -580,10 +580,10 @@ glue("tree_max_large", int(sent.max()))
 glue("tree_leaves_large", int((sent == 1).sum()))
 
 # %% [markdown]
-# On <span data-glue="tree_ranks_large">16</span> ranks the root sends
-# <span data-glue="tree_max_large">4</span> messages,
-# log₂ <span data-glue="tree_ranks_large">16</span>, while
-# <span data-glue="tree_leaves_large">8</span> leaves send one each: "log₂ N per rank" is
+# On <span data-glue="tree_ranks_large">8</span> ranks the root sends
+# <span data-glue="tree_max_large">3</span> messages,
+# log₂ <span data-glue="tree_ranks_large">8</span>, while
+# <span data-glue="tree_leaves_large">4</span> leaves send one each: "log₂ N per rank" is
 # true only of the busiest rank.
 
 # %%

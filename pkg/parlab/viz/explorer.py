@@ -23,13 +23,11 @@ _DRAWING = threading.Lock()
 
 def _png(fig):
     """The figure as a PNG image, rendered here rather than by the display hook."""
-    import io
-
     from IPython.display import Image
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    return Image(data=buffer.getvalue(), format="png")
+    from parlab.viz.style import png
+
+    return Image(data=png(fig), format="png")
 
 
 class Explorer:

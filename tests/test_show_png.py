@@ -1,0 +1,54 @@
+"""parlab.viz.style.png draws a figure once and cuts it as savefig(bbox_inches="tight") does."""
+import io
+
+import matplotlib
+
+matplotlib.use("agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from parlab.viz.style import png  # noqa: E402
+
+
+def _savefig_tight(fig) -> np.ndarray:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return np.asarray(Image.open(buffer).convert("RGBA"), dtype=float)
+
+
+def _figure(outside_legend: bool):
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1, 2], [2, 0, 1], label="a line")
+    ax.set_title("a title that is wide enough")
+    ax.set_xlabel("x")
+    if outside_legend:  # drawn past the figure's right edge: savefig widens the canvas
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    else:
+        fig.tight_layout()
+    return fig
+
+
+@pytest.mark.parametrize("outside_legend", [False, True])
+def test_png_is_the_tight_savefig_image(outside_legend):
+    fig = _figure(outside_legend)
+    reference = _savefig_tight(fig)
+    if not outside_legend:  # the one-draw way, not savefig's
+        fig.savefig = None
+    ours = np.asarray(Image.open(io.BytesIO(png(fig))).convert("RGBA"), dtype=float)
+    plt.close(fig)
+    # the same picture: the size within a pixel (rounding of the cut), and the pixels alike
+    assert abs(ours.shape[0] - reference.shape[0]) <= 1
+    assert abs(ours.shape[1] - reference.shape[1]) <= 1
+    rows, cols = min(ours.shape[0], reference.shape[0]), min(ours.shape[1], reference.shape[1])
+    difference = np.abs(ours[:rows, :cols] - reference[:rows, :cols]).mean()
+    assert difference < 2, difference  # of 255; the whole image one pixel off: about 4
+
+
+def test_png_of_a_figure_without_a_pyplot_canvas():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2))
+    fig.add_subplot().plot([0, 1])
+    assert png(fig).startswith(b"\x89PNG")
