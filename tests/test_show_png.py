@@ -18,23 +18,29 @@ def _savefig_tight(fig) -> np.ndarray:
     return np.asarray(Image.open(buffer).convert("RGBA"), dtype=float)
 
 
-def _figure(outside_legend: bool):
+def _figure(kind: str):
+    if kind == "edge to edge":  # drawn up to the canvas's edges: the padding lies outside it
+        fig = plt.figure(figsize=(3, 2), facecolor="#f0e0d0")
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.imshow([[0, 1, 2], [2, 1, 0]])
+        ax.set_axis_off()
+        return fig
     fig, ax = plt.subplots(figsize=(4, 3))
     ax.plot([0, 1, 2], [2, 0, 1], label="a line")
     ax.set_title("a title that is wide enough")
     ax.set_xlabel("x")
-    if outside_legend:  # drawn past the figure's right edge: savefig widens the canvas
+    if kind == "legend outside":  # drawn past the figure's right edge: savefig widens it
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     else:
         fig.tight_layout()
     return fig
 
 
-@pytest.mark.parametrize("outside_legend", [False, True])
-def test_png_is_the_tight_savefig_image(outside_legend):
-    fig = _figure(outside_legend)
+@pytest.mark.parametrize("kind", ["inside", "edge to edge", "legend outside"])
+def test_png_is_the_tight_savefig_image(kind):
+    fig = _figure(kind)
     reference = _savefig_tight(fig)
-    if not outside_legend:  # the one-draw way, not savefig's
+    if kind != "legend outside":  # the one-draw way, not savefig's
         fig.savefig = None
     ours = np.asarray(Image.open(io.BytesIO(png(fig))).convert("RGBA"), dtype=float)
     plt.close(fig)

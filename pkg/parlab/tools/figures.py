@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from parlab import experiments
-from parlab.viz import plots, registered
+from parlab.viz import plots, png, registered
 
 __all__ = ["registry", "render", "main", "DPI", "METADATA"]
 
@@ -60,7 +60,7 @@ def render(names=None, directory: Path | None = None, progress: bool = True) -> 
     for name in tqdm(names, desc="figures", unit="fig", disable=not progress):
         fig = figures[name][1]()
         path = directory / f"{name}.png"
-        fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata=METADATA)
+        path.write_bytes(png(fig, dpi=DPI, metadata=METADATA))
         plt.close(fig)
         written.append(path)
     return written

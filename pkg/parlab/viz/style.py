@@ -53,36 +53,61 @@ class _Rendered:
         return {"image/png": self.data, "text/plain": self.text}
 
 
-def png(fig, pad_inches: float | None = None) -> bytes:
+def png(fig, pad_inches: float | None = None, dpi: float | None = None,
+        metadata: dict | None = None) -> bytes:
     """``fig`` as PNG bytes, cut to what it draws plus ``pad_inches`` (rc ``savefig.pad_inches``
     by default): the image ``savefig(bbox_inches="tight")`` and Jupyter's inline display make.
 
     They draw the figure twice, once without output to measure it and once for real: a third
     of the time of every figure a chapter shows. Here it is drawn once, measured with the
-    renderer that drew it, and the pixels are cut out. A figure that draws past its own edges
-    (a legend outside the axes) goes savefig's way, which enlarges the canvas instead.
+    renderer that drew it, and the pixels are cut out (padding past the canvas's edge takes
+    the background colour). A figure that draws past its own edges (a legend outside the
+    axes) goes savefig's way, which enlarges the canvas to show it.
+    ``dpi`` (the figure's own by default) and ``metadata`` (PNG text chunks) as for savefig.
     """
     import io
 
     import matplotlib as mpl
     import matplotlib.image
-    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     pad = mpl.rcParams["savefig.pad_inches"] if pad_inches is None else pad_inches
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    canvas.draw()
+    own_dpi = fig.dpi
+    buffer = io.BytesIO()
+    try:
+        fig.dpi = own_dpi if dpi is None else dpi
+        canvas.draw()
+        width, height = canvas.get_width_height(physical=True)
+        drawn = fig.get_tightbbox(canvas.get_renderer()).transformed(fig.dpi_scale_trans)
+        if min(drawn.x0, drawn.y0, width - drawn.x1, height - drawn.y1) < -0.5:  # past an edge
+            fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=pad, dpi=fig.dpi,
+                        metadata=metadata)
+        else:
+            matplotlib.image.imsave(buffer, _cut(canvas, drawn.padded(pad * fig.dpi), fig),
+                                    format="png", dpi=fig.dpi, metadata=metadata)
+    finally:
+        fig.dpi = own_dpi
+    return buffer.getvalue()
+
+
+def _cut(canvas, box, fig):
+    """The pixels of ``box`` (display units, y up) from the drawn ``canvas``; where the box
+    reaches past the canvas (the padding around a figure drawn up to its edge), the figure's
+    background colour, as savefig paints it over its enlarged canvas."""
+    import numpy as np
+    from matplotlib.colors import to_rgba_array
+
     width, height = canvas.get_width_height(physical=True)
-    box = fig.get_tightbbox(canvas.get_renderer()).padded(pad).transformed(fig.dpi_scale_trans)
     left, right = round(box.x0), round(box.x1)
     top, bottom = round(height - box.y1), round(height - box.y0)
-    buffer = io.BytesIO()
-    if left < 0 or top < 0 or right > width or bottom > height:
-        fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=pad)
-    else:
-        pixels = np.asarray(canvas.buffer_rgba())[top:bottom, left:right]
-        matplotlib.image.imsave(buffer, pixels, format="png")
-    return buffer.getvalue()
+    pixels = np.asarray(canvas.buffer_rgba())
+    background = (to_rgba_array(fig.get_facecolor())[0] * 255).round().astype(np.uint8)
+    out = np.empty((bottom - top, right - left, 4), np.uint8)
+    out[:] = background
+    rows, cols = slice(max(top, 0), min(bottom, height)), slice(max(left, 0), min(right, width))
+    out[rows.start - top:rows.stop - top, cols.start - left:cols.stop - left] = pixels[rows, cols]
+    return out
 
 
 def figure_title(fig) -> str:
