@@ -35,6 +35,7 @@ from parlab.launch.result import Run
 from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe,
                                   import_while_waiting, is_started, warm, warm_after_import_cell)
 from parlab.launch.sources import code_origins, for_the_reader
+from parlab.launch.spares import enable as keep_spares, refill, send_job, take
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
 
@@ -93,8 +94,10 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise error.with_traceback(None)  # the rank's traceback is in the message
 
 
-# in a notebook kernel the server warms once the import cell has run
-warm_after_import_cell(launches_here=not (under_torchrun() or in_rank()))
+# in a notebook kernel the server warms once the import cell has run, and ranks are forked
+# ahead of each launch (parlab.launch.spares)
+if warm_after_import_cell(launches_here=not (under_torchrun() or in_rank())):
+    keep_spares()
 
 #: The torch seed of ranks forked from this process (random, like the server's, and shared).
 _DIRECT_SEED = random.SystemRandom().getrandbits(63)
@@ -113,8 +116,20 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
     outputs: list[str] = []
     job = {"master_port": _free_port(), "main_path": _main_path(), "origins": origins or {},
            "start_method": mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]}
+    spares = [] if direct else take(world_size)
     try:
         for rank in range(world_size):
+            store, out = os.path.join(workdir, "store"), os.path.join(workdir, f"rank{rank}.out")
+            spare = spares[rank] if rank < len(spares) else None
+            if spare is not None:
+                try:  # a rank forked ahead of time: it gets its job down its pipe
+                    send_job(spare, (rank, world_size, backend, store, timeout, threads,
+                                     payload, out, job))
+                    procs.append(spare.proc)
+                    conns.append(spare.results)
+                    continue
+                except OSError:  # it died while idle: fork this rank as below
+                    spare.close()
             recv, send = mpc.Pipe(duplex=False)
             # a rank forked from this process must close the ends that stay here
             inherited = ({"inherited": [alive_send] + conns + [recv], "seed": _DIRECT_SEED}
@@ -123,8 +138,8 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
             # which multiprocessing refuses to a daemon; _stop below still ends every rank
             proc = (ForkedRankProcess if direct else RankProcess)(
                 target=rank_main, name=f"parlab-rank-{rank}", daemon=False,
-                args=(rank, world_size, backend, os.path.join(workdir, "store"), timeout, threads,
-                      payload, send, alive_recv, os.path.join(workdir, f"rank{rank}.out"), job),
+                args=(rank, world_size, backend, store, timeout, threads, payload, send,
+                      alive_recv, out, job),
                 kwargs=inherited,
             )
             proc.start()  # from the server: the first start waits for it to import torch
@@ -138,12 +153,13 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
         _stop(procs, reap_later=True)
         alive_send.close()
         alive_recv.close()
-        for conn in conns:
+        for conn in conns + [spare.jobs for spare in spares]:
             conn.close()
         outputs = read_outputs(workdir, world_size)
         remove_workdir(workdir)
         _print_outputs(outputs)
         warm()  # after a direct launch: the next launches will come from the server
+        refill(world_size)  # where spares are kept, their forks begin (in the background)
         if importing is not None:
             importing.join()
     return Run(results, world_size=world_size, backend=backend,
