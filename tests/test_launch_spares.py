@@ -1,17 +1,18 @@
 """Ranks forked ahead of time (parlab.launch.spares): a launch hands its jobs to idle ranks.
 
-Each test runs a fresh interpreter that turns spares on (as a notebook kernel does) and
-checks what a launch that uses them must keep: the results, the caller's working directory
-at launch time, errors with their rank, a spare that died while idle, and no process left
-once the caller is gone.
+One fresh interpreter turns spares on (as a notebook kernel does) and goes through the cases
+in turn; the tests check what a launch that uses spares must keep: the results, the caller's
+working directory at launch time, errors with their rank, a spare that died while idle, and
+no process left once the caller is gone.
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 import parlab
 from procs import wait_gone
@@ -46,56 +47,60 @@ def _python(code: str, timeout=120) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_launch_runs_on_the_spares_the_last_one_left(tmp_path):
-    out = _python(f"""
-        run(me, 3)
-        ready = pool(3)
-        os.chdir({str(tmp_path)!r})
-        ranks = run(me, 3)
-        print(json.dumps({{"ready": ready, "ranks": list(ranks), "after": pool(3)}}))
-    """)
-    pids = [pid for pid, _, _ in out["ranks"]]
-    assert sorted(pids) == sorted(out["ready"])  # every rank was a spare
-    assert [rank for _, rank, _ in out["ranks"]] == [0, 1, 2]
-    assert {cwd for _, _, cwd in out["ranks"]} == {str(tmp_path)}  # the caller's, at launch
-    assert len(out["after"]) == 3 and not set(out["after"]) & set(pids)  # refilled, anew
-    assert wait_gone(out["ready"] + out["after"]) == []  # the caller exited: all gone
-
-
-def test_a_spare_that_died_while_idle_is_replaced():
-    out = _python("""
-        run(me, 2)
-        ready = pool(2)
-        os.kill(ready[0], signal.SIGKILL)
-        time.sleep(0.2)
-        ranks = run(me, 2)
-        print(json.dumps({"ready": ready, "ranks": list(ranks)}))
-    """)
-    pids = [pid for pid, _, _ in out["ranks"]]
-    assert out["ready"][0] not in pids and out["ready"][1] in pids, out
-    assert [rank for _, rank, _ in out["ranks"]] == [0, 1]
-
-
-def test_a_spare_reports_its_error_with_its_rank_and_a_larger_launch_forks_the_rest():
-    out = _python("""
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory) -> dict:
+    """One interpreter goes through every case in turn (each interpreter start and server
+    warm-up costs seconds): what each launch returned, and the spares it saw."""
+    folder = str(tmp_path_factory.mktemp("cwd"))
+    return _python(f"""
         def fail():
             if dist.get_rank() == 1:
                 raise ValueError("rank one says no")
             return dist.get_rank()
 
-        run(me, 2)
-        pool(2)
+        seen = {{"folder": {folder!r}}}
+        run(me, 3)
+        seen["ready"] = pool(3)
+        os.chdir({folder!r})
+        seen["ranks"] = list(run(me, 3))
+        seen["after"] = pool(3)
+        os.kill(seen["after"][-1], signal.SIGKILL)  # the first one the next launch takes
+        time.sleep(0.2)
+        seen["after_kill"] = list(run(me, 2))
+        pool(3)
         try:
             run(fail, 2)
-            error = None
         except RankError as exc:
-            error = [exc.rank, str(exc).splitlines()[0]]
-        pool(2)
-        ranks = run(me, 4)  # two spares, two new ranks
-        print(json.dumps({"error": error, "ranks": [r for _, r, _ in ranks]}))
+            seen["error"] = [exc.rank, str(exc).splitlines()[0]]
+        pool(3)
+        seen["larger"] = [r for _, r, _ in run(me, 5)]  # three spares, two new ranks
+        seen["left"] = pool(3)
+        print(json.dumps(seen))
     """)
-    assert out["error"] == [1, "rank 1 raised ValueError: rank one says no"]
-    assert out["ranks"] == [0, 1, 2, 3]
+
+
+def test_a_launch_runs_on_the_spares_the_last_one_left(seen):
+    pids = [pid for pid, _, _ in seen["ranks"]]
+    assert sorted(pids) == sorted(seen["ready"])  # every rank was a spare
+    assert [rank for _, rank, _ in seen["ranks"]] == [0, 1, 2]
+    assert {cwd for _, _, cwd in seen["ranks"]} == {seen["folder"]}  # the caller's, at launch
+    assert len(seen["after"]) == 3 and not set(seen["after"]) & set(pids)  # refilled, anew
+
+
+def test_a_spare_that_died_while_idle_is_replaced(seen):
+    killed, pids = seen["after"][-1], [pid for pid, _, _ in seen["after_kill"]]
+    assert killed not in pids and len(set(pids)) == 2, seen
+    assert [rank for _, rank, _ in seen["after_kill"]] == [0, 1]
+
+
+def test_a_spare_reports_its_error_with_its_rank_and_a_larger_launch_forks_the_rest(seen):
+    assert seen["error"] == [1, "rank 1 raised ValueError: rank one says no"]
+    assert seen["larger"] == [0, 1, 2, 3, 4]
+
+
+def test_no_spare_outlives_its_caller(seen):
+    spares = seen["ready"] + seen["after"] + seen["left"]
+    assert wait_gone(spares) == []
 
 
 def test_spares_only_where_enabled():
