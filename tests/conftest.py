@@ -6,6 +6,11 @@ import pytest
 from chromium import missing as browser_missing
 
 
+def _cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pytest_configure(config):
     """Share the cores among pytest-xdist's workers: ``cores // workers`` torch threads each.
 
@@ -22,7 +27,7 @@ def pytest_configure(config):
     preload("parlab.experiments")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = max(1, _cores() // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         import torch
         torch.set_num_threads(threads)
@@ -38,8 +43,7 @@ def pytest_xdist_auto_num_workers(config):
     """
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # pytest-xdist's own setting wins: it reads that variable
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) + 1
+    return _cores() + 1
 
 
 def pytest_collection_modifyitems(config, items):

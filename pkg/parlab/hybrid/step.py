@@ -40,7 +40,7 @@ from parlab import memory
 from parlab.comm import allreduce_time, Topology
 from parlab.hybrid.assumptions import Assumptions, bubble_fraction
 from parlab.models import (
-    block_matmul_efficiency, compute_seconds, count_parameters, flops_seconds, head_seconds,
+    block_matmul_efficiency, count_parameters, flops_seconds, head_seconds,
     layer_time
 )
 
@@ -117,12 +117,8 @@ def step_times(config, dp, tp, pp, m, b, links, topology: Topology, a: Assumptio
     rate = a.mfu * micro_batch_efficiency(config, b, tp, a)
     slowest = slowest_stage_scale(config, pp, a)  # 1 for an even split
     # one micro-batch through the slowest stage: its share of the model's FLOPs for b x seq
-    # tokens, 1/(tp x pp) of them for an even split
-    compute = compute_seconds(count_parameters(config)["total"] * slowest / (tp * pp), b * seq,
-                              a.gpu_tflops, rate)
-    if a.attention_flops:   # QK^T and the sum of V: 3 x (forward, what selective repeats)
-        scores = memory.recompute_flops(config, b * seq, "selective", seq).extra / (tp * pp)
-        compute += flops_seconds(3 * scores * slowest, a.gpu_tflops, rate)
+    # tokens (1/(tp x pp) of them for an even split), with the attention scores' if counted
+    compute = flops_seconds(useful_flops(config, tp, pp, b, a), a.gpu_tflops, rate)
     extra = memory.recompute_flops(config, b * seq, recompute, seq).extra / (tp * pp)
     again = flops_seconds(extra * slowest, a.gpu_tflops, rate)
     backward = compute * 2 / 3
