@@ -58,8 +58,8 @@ def png(fig, pad_inches: float | None = None, dpi: float | None = None,
     """``fig`` as PNG bytes, cut to what it draws plus ``pad_inches`` (rc ``savefig.pad_inches``
     by default): the image ``savefig(bbox_inches="tight")`` and Jupyter's inline display make.
 
-    They draw the figure twice, once without output to measure it and once for real: a third
-    of the time of every figure a chapter shows. Here it is drawn once, measured with the
+    They draw the figure twice, once without output to measure it and once for real (up to a
+    third of a figure's display time). Here it is drawn once, measured with the
     renderer that drew it, and the pixels are cut out (padding past the canvas's edge takes
     the background colour). A figure that draws past its own edges (a legend outside the
     axes) goes savefig's way, which enlarges the canvas to show it.
