@@ -24,24 +24,25 @@ def _alive(pid):
 
 
 def read_pids(directory):
-    """The pids that ranks wrote as pid.<rank> files into ``directory``."""
-    return [int(open(os.path.join(directory, f)).read()) for f in os.listdir(directory)
-            if f.startswith("pid.")]
+    """The pids that ranks wrote as pid.<rank> files into ``directory`` (a file made but not
+    yet written is left out)."""
+    pids = []
+    for name in os.listdir(directory):
+        if name.startswith("pid."):
+            with open(os.path.join(directory, name)) as f:
+                text = f.read()
+            if text:
+                pids.append(int(text))
+    return pids
 
 
 def wait_for_pids(directory, count, seconds, proc=None):
     """The pids in ``directory``'s pid.<rank> files once ``count`` ranks have written theirs,
     or whatever is there when ``seconds`` have passed or ``proc`` (the launching script) has
-    exited. A file made but not yet written is not counted."""
+    exited."""
     deadline = time.monotonic() + seconds
     while True:
-        pids = []
-        for name in os.listdir(directory):
-            if name.startswith("pid."):
-                with open(os.path.join(directory, name)) as f:
-                    text = f.read()
-                if text:
-                    pids.append(int(text))
+        pids = read_pids(directory)
         if (len(pids) >= count or time.monotonic() > deadline
                 or (proc is not None and proc.poll() is not None)):
             return pids

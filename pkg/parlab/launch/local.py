@@ -119,12 +119,15 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
     spares = [] if direct else take(world_size)
     try:
         for rank in range(world_size):
-            store, out = os.path.join(workdir, "store"), os.path.join(workdir, f"rank{rank}.out")
+            # rank_main's arguments but its pipes (a spare has its own; a new rank gets them)
+            work = {"rank": rank, "world_size": world_size, "backend": backend,
+                    "store_path": os.path.join(workdir, "store"), "timeout_s": timeout,
+                    "threads": threads, "payload": payload,
+                    "out_path": os.path.join(workdir, f"rank{rank}.out"), "job": job}
             spare = spares[rank] if rank < len(spares) else None
             if spare is not None:
                 try:  # a rank forked ahead of time: it gets its job down its pipe
-                    send_job(spare, (rank, world_size, backend, store, timeout, threads,
-                                     payload, out, job))
+                    send_job(spare, work)
                     procs.append(spare.proc)
                     conns.append(spare.results)
                     continue
@@ -138,9 +141,7 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
             # which multiprocessing refuses to a daemon; _stop below still ends every rank
             proc = (ForkedRankProcess if direct else RankProcess)(
                 target=rank_main, name=f"parlab-rank-{rank}", daemon=False,
-                args=(rank, world_size, backend, store, timeout, threads, payload, send,
-                      alive_recv, out, job),
-                kwargs=inherited,
+                kwargs={**work, "result_conn": send, "alive_conn": alive_recv, **inherited},
             )
             proc.start()  # from the server: the first start waits for it to import torch
             send.close()

@@ -94,10 +94,10 @@ def take(count: int) -> list[Spare]:
         return taken
 
 
-def send_job(spare: Spare, args: tuple) -> None:
-    """Hand ``spare`` the arguments of :func:`~parlab.launch.rank.rank_main` that a fresh rank
-    gets (all but its pipes, which the spare already has)."""
-    spare.jobs.send_bytes(cloudpickle.dumps((args, os.getcwd(), list(sys.path))))
+def send_job(spare: Spare, work: dict) -> None:
+    """Hand ``spare`` the keyword arguments of :func:`~parlab.launch.rank.rank_main` that a
+    fresh rank gets (all but its pipes, which the spare already has)."""
+    spare.jobs.send_bytes(cloudpickle.dumps((work, os.getcwd(), list(sys.path))))
 
 
 def refill(world_size: int) -> None:
@@ -167,7 +167,7 @@ def _close_all() -> None:
 def _spare_main(jobs, results) -> None:
     """A spare's life: wait for a job, then be that rank; exit if the caller closes the pipe."""
     try:
-        args, cwd, path = cloudpickle.loads(jobs.recv_bytes())
+        work, cwd, path = cloudpickle.loads(jobs.recv_bytes())
     except (EOFError, OSError):
         os._exit(0)
     try:
@@ -175,7 +175,5 @@ def _spare_main(jobs, results) -> None:
     except OSError:
         pass
     sys.path[:] = path
-    rank, world_size, backend, store, timeout, threads, payload, out_path, job = args
-    multiprocessing.current_process().name = f"parlab-rank-{rank}"  # as a rank forked for it
-    rank_main(rank, world_size, backend, store, timeout, threads, payload, results, jobs,
-              out_path, job)
+    multiprocessing.current_process().name = f"parlab-rank-{work['rank']}"  # as a new rank's
+    rank_main(**work, result_conn=results, alive_conn=jobs)
