@@ -1,7 +1,8 @@
 """Pictures and controls: the plots and the explorers. This layer draws only; it never computes.
 
-``style`` (one colour per GPU and rank; ``show`` a figure once, drawn once by ``png``), ``registry`` (every figure
-under the book's numbering; the recipes that run and then draw are registered by
+``style`` (one colour per GPU and rank; ``show`` a figure once, drawn once by ``png``),
+``registry`` (every figure under the book's numbering; the recipes that run and then draw
+are registered by
 :mod:`parlab.experiments`), ``explorer`` (the widget pattern), ``glue`` (numbers for the
 prose), ``plots`` (one module of drawings per chapter), ``widgets`` (one module of explorers
 per chapter). Imports any subpackage below it but nothing that starts ranks (the
