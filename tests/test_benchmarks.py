@@ -21,7 +21,7 @@ SCRIPTS = sorted((REPO / "benchmarks").glob("*.py"))
 #: What each script prints once it has measured: a table's header, or its one result line.
 OUTPUT = {
     "chapters.py": "notebook                            Run All s  empty s  own s  ratio",
-    "collectives.py": "ranks    MiB   gloo ms    toy ms  toy/gloo  bare/gloo  toy busbw GB/s",
+    "collectives.py": "ranks    MiB   gloo ms    toy ms  toy/gloo   p2p/gloo  toy busbw GB/s",
     "launch.py": "2-rank launch (gloo, one all_reduce): first ",
 }
 

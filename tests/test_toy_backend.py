@@ -12,7 +12,7 @@ import torch.distributed as dist
 from parlab.comm import ALGORITHMS
 
 from parlab import launch
-from parlab.comm.toy import backend as toy_backend, wire as toy_wire
+from parlab.comm.toy import backend as toy_backend, shm as toy_shm, wire as toy_wire
 from parlab.launch import RankError, run
 from parlab.comm.toy import REDUCE_OPS, SUPPORTED_DTYPES
 from parlab.comm import TrafficLog
@@ -34,14 +34,15 @@ def _values(shape, dtype, seed, low=-4, high=5):
 class Battery:
     """Runs each case with toy and with gloo on this rank and records the differences."""
 
-    def __init__(self):
+    def __init__(self, toy=None):
         self.gloo = dist.new_group(backend="gloo")
+        self.toy = toy  # None: the world (shared memory on one Linux machine)
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
         self.problems, self.cases = [], 0
 
     def compare(self, name, call, make, exact=True, dtype=None):
         """``make()`` -> fresh arguments; ``call(args, group)`` -> tensors to compare."""
-        toy = call(make(), None)
+        toy = call(make(), self.toy)
         ref = call(make(), self.gloo)
         self.cases += 1
         for got, want in zip(_flatten(toy), _flatten(ref)):
@@ -170,10 +171,14 @@ def _data_movement_cases(b, algorithm, dtypes_to_try):
               lambda: [_values((2,), torch.int64, 10 * r + p) for p in range(n)])
 
 
-def _battery(piece_bytes, dtypes):
-    """Every collective x algorithm on this rank; returns (cases run, differences found)."""
+def _battery(piece_bytes, dtypes, shared_memory=True):
+    """Every collective x algorithm on this rank; returns (cases run, differences found).
+
+    ``shared_memory=False``: on a toy group whose wire is gloo's point-to-point calls (the
+    toy's road between machines) instead of the world's."""
     toy_wire.PIECE_BYTES = piece_bytes  # small pieces exercise the pipelined paths
-    b = Battery()
+    toy_shm.ENABLED = shared_memory
+    b = Battery(None if shared_memory else dist.new_group(backend="toy"))
     for algorithm in ALGORITHMS:
         with toy_backend.algorithm(algorithm):
             _all_reduce_cases(b, algorithm, dtypes)
@@ -191,11 +196,13 @@ def _battery(piece_bytes, dtypes):
 FEW_DTYPES = (torch.float32, torch.bfloat16, torch.int8, torch.bool)
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
-def test_every_collective_equals_gloo(world_size):
+@pytest.mark.parametrize("world_size, shared_memory", [
+    (1, True), (2, True), (3, True), (4, True), (8, True), (3, False)])
+def test_every_collective_equals_gloo(world_size, shared_memory):
     dtypes = FEW_DTYPES if world_size >= 4 else SUPPORTED_DTYPES
     piece_bytes = 4 if world_size == 3 else 1 << 20  # 3 ranks: one element per piece
-    results = run(_battery, world_size, piece_bytes, dtypes, backend="toy", timeout=120)
+    results = run(_battery, world_size, piece_bytes, dtypes, shared_memory, backend="toy",
+                  timeout=120)
     assert results[0][0] > (100 if world_size >= 4 else 200)  # cases run
     assert [problems for _, problems in results] == [[]] * world_size
 

@@ -15,7 +15,7 @@ from torch._C._distributed_c10d import (AllreduceOptions, BroadcastOptions, Gath
                                         PrefixStore, ProcessGroupGloo, ReduceOptions,
                                         ReduceScatterOptions, ScatterOptions)
 
-from parlab.comm.toy import algorithms as alg, checks
+from parlab.comm.toy import algorithms as alg, checks, shm
 from parlab.comm.toy.checks import EFFECTIVE, ToyMismatchError
 from parlab.comm.toy.state import STATE, ToyOptions, valid
 from parlab.comm.toy.wire import CONTROL_TAG, RING_BUFFERS, TAG_BASE, Wire
@@ -43,7 +43,7 @@ class ToyProcessGroup(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._group_name = name  # torch sets the same name again once the group is made
         self._gloo = ProcessGroupGloo(PrefixStore("toy/gloo/", store), rank, size, timeout)
-        self._nccl = None
+        self._nccl, self._cpu = None, None  # _cpu: gloo or shared memory (see _begin)
         self._calls = 0       # collectives so far (every rank of the group agrees)
         self._shown_from = 0  # the call logged as 0 (see clear_transfers)
         self._pairs, self._scratch = {}, {}  # p2p messages per (src, dst); reused buffers
@@ -82,9 +82,9 @@ class ToyProcessGroup(dist.ProcessGroup):
         return "world" if self._is_world else "ranks " + ",".join(map(str, self._global))
 
     # ------------------------------------------------------------------ plumbing
-    def _transport(self, tensor: torch.Tensor):
-        if tensor.device.type == "cpu":
-            return self._gloo
+    def _transport(self, tensor: torch.Tensor, p2p: bool = False):
+        if tensor.device.type == "cpu":  # a user's own messages always take gloo
+            return self._gloo if p2p else self._cpu
         if self._nccl is None:  # only reached when NCCL is usable (see toy_work.collective)
             from torch.distributed import ProcessGroupNCCL
             self._nccl = ProcessGroupNCCL(PrefixStore("toy/nccl/", self._store), self._rank,
@@ -99,6 +99,8 @@ class ToyProcessGroup(dist.ProcessGroup):
         some waiting. ``self._rows`` keeps the table (a tree gather needs others' sizes).
         """
         name = STATE.algorithm_for(self) if op != "barrier" else "ring"
+        if self._cpu is None:  # the first collective: all ranks connect together
+            self._cpu = shm.connect(self._gloo, self._rank, self._size, self._timeout)
         call, self._calls = self._calls, self._calls + 1
         header = checks.Header(self._size, op, name, checks.dtype_code(tensors), reduce_op,
                                root, call, **shape).tensor()
@@ -108,7 +110,7 @@ class ToyProcessGroup(dist.ProcessGroup):
         if reduce_op:
             checks.check_reduce_op(reduce_op, tensors[0].dtype)
         used = EFFECTIVE.get(op, {}).get(name, name)
-        transport = self._transport(tensors[0]) if tensors else self._gloo
+        transport = self._transport(tensors[0]) if tensors else self._cpu
 
         def log(step, src, dst, nbytes):
             STATE.log.append(Transfer(op, used, step, self._global[src], self._global[dst],
@@ -118,15 +120,14 @@ class ToyProcessGroup(dist.ProcessGroup):
     def _exchange(self, header: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's header: each rank sends its own straight to every other rank.
 
-        Direct messages take one hop where gloo's allgather takes n-1 in a row (on a busy
-        machine every hop waits for a process to be scheduled). Gloo sends a message once
-        its receiver has asked for it, so the next call's header receives are posted as soon
-        as this call's arrive. All headers share one tag: between two ranks, the k-th header
-        sent meets the k-th expected, so ranks out of step learn it (the check says so).
+        Direct messages take one hop where an allgather takes n-1 in a row; the next call's
+        receives are posted as soon as this call's arrive (gloo sends once a receive waits).
+        All headers share one tag: between two ranks, the k-th header sent meets the k-th
+        expected, so ranks out of step learn it (the check says so).
         """
         n, r = self._size, self._rank
         table = self._next_headers or self._post_header_recvs(header)
-        sends = [self._gloo.send([header], p, CONTROL_TAG) for p in range(n) if p != r]
+        sends = [self._cpu.send([header], p, CONTROL_TAG) for p in range(n) if p != r]
         for _, work in table.values():
             work.wait()
         self._next_headers = self._post_header_recvs(header)
@@ -136,7 +137,7 @@ class ToyProcessGroup(dist.ProcessGroup):
 
     def _post_header_recvs(self, like: torch.Tensor) -> dict:
         bufs = {p: torch.empty_like(like) for p in range(self._size) if p != self._rank}
-        return {p: (buf, self._gloo.recv([buf], p, CONTROL_TAG)) for p, buf in bufs.items()}
+        return {p: (buf, self._cpu.recv([buf], p, CONTROL_TAG)) for p, buf in bufs.items()}
 
     def _buffer(self, slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
         """Scratch memory reused across calls (fresh large buffers cost page faults each time)."""
@@ -376,7 +377,7 @@ class ToyProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag: int = 0):
         """Receive from whichever rank sends first (its sender logs the transfer)."""
         self._check_tag(tag)
-        return self._transport(tensors[0]).recv_anysource(tensors, tag)
+        return self._transport(tensors[0], p2p=True).recv_anysource(tensors, tag)
 
     def _check_tag(self, tag):
         if not 0 <= tag < TAG_BASE:
@@ -386,8 +387,7 @@ class ToyProcessGroup(dist.ProcessGroup):
     def _p2p(self, kind, tensor, peer, tag):
         self._check_tag(tag)
         src, dst = (self._rank, peer) if kind == "send" else (peer, self._rank)
-        index = self._pairs.get((src, dst), 0)
-        self._pairs[(src, dst)] = index + 1
+        index = self._pairs[(src, dst)] = self._pairs.get((src, dst), -1) + 1
         STATE.log.append(Transfer("send", "p2p", 0, self._global[src], self._global[dst],
                                   tensor.numel() * tensor.element_size(), self.label, index))
         if tensor.device.type != "cpu" and not nccl_usable():
@@ -395,6 +395,6 @@ class ToyProcessGroup(dist.ProcessGroup):
                 return self._gloo.send([tensor.cpu().contiguous()], peer, tag)
             staging = torch.empty(tensor.shape, dtype=tensor.dtype)
             return StagedRecvWork(self._gloo.recv([staging], peer, tag), staging, tensor)
-        transport = self._transport(tensor)
+        transport = self._transport(tensor, p2p=True)
         return (transport.send if kind == "send" else transport.recv)([tensor], peer, tag)
 

@@ -1,0 +1,114 @@
+"""The toy backend's shared-memory wire (parlab.comm.toy.shm), message by message.
+
+Two ranks connect a wire with 4 KiB rings, so every message below but the smallest streams
+through its ring in pieces, and check what gloo's point-to-point calls guarantee: bytes
+arrive intact whatever the order the receives are posted in, odd sizes and empty messages
+pass, a receive into a non-contiguous tensor lands in place, a size mismatch is an error
+naming both sizes, and the shared file is gone from the file system once connected. The
+whole-collective checks against gloo (both wires) are in tests/test_toy_backend.py.
+"""
+import platform
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parlab.comm.toy import backend as toy_backend, shm
+from parlab.launch import run
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"),
+    reason="the shared-memory wire is used on Linux x86-64 only (elsewhere: gloo's calls)")
+
+
+def _expected(r, numel=100_000):
+    return torch.arange(numel, dtype=torch.float64) * (r + 1)
+
+
+def _wire_cases():
+    r = dist.get_rank()
+    peer = 1 - r
+    shm.BUDGET_BYTES = 2 * 4096  # two rings of 4 KiB
+    wire = shm.connect(dist.new_group(backend="gloo"), r, 2, 60)
+    seen = {"wire": type(wire).__name__}
+    # both ranks send 800 kB at once: each must keep draining while it waits for its send
+    got = torch.empty(100_000, dtype=torch.float64)
+    works = [wire.send([_expected(r)], peer, 1), wire.recv([got], peer, 1)]
+    for work in works:
+        work.wait()
+    seen["both ways"] = torch.equal(got, _expected(peer))
+    if r == 0:
+        for work in [wire.send([torch.arange(5000, dtype=torch.int32)], 1, 2),
+                     wire.send([torch.tensor([1, 2, 3], dtype=torch.uint8)], 1, 3),
+                     wire.send([_expected(0, 10_000)], 1, 4),
+                     wire.send([torch.arange(12.0).reshape(4, 3)], 1, 5),
+                     wire.send([torch.empty(0)], 1, 6),
+                     wire.send([torch.ones(2)], 1, 7)]:
+            work.wait()
+    else:
+        small, large = torch.zeros(3, dtype=torch.uint8), torch.zeros(5000, dtype=torch.int32)
+        wire.recv([small], 0, 3).wait()  # tag 2 (20 kB) is read aside to reach tag 3
+        wire.recv([large], 0, 2).wait()
+        seen["out of order"] = (small.tolist(), torch.equal(large, torch.arange(5000,
+                                                                                dtype=torch.int32)))
+        while wire._arriving[0] is None:  # tag 4 starts arriving before its receive exists
+            wire.progress()
+        claimed = torch.zeros(10_000, dtype=torch.float64)
+        wire.recv([claimed], 0, 4).wait()
+        seen["claimed mid-way"] = torch.equal(claimed, _expected(0, 10_000))
+        strided = torch.zeros(3, 4).t()  # 4 x 3, not contiguous
+        wire.recv([strided], 0, 5).wait()
+        seen["strided"] = torch.equal(strided, torch.arange(12.0).reshape(4, 3))
+        empty = torch.empty(0)
+        wire.recv([empty], 0, 6).wait()
+        try:
+            wire.recv([torch.zeros(4)], 0, 7).wait()
+        except RuntimeError as error:
+            seen["mismatch"] = str(error)
+    maps = open("/proc/self/maps").read().splitlines()
+    seen["mapped files"] = sorted({line.split(None, 5)[-1] for line in maps
+                                   if "parlab-toy-" in line})
+    shm.ENABLED = False
+    gloo = dist.new_group(backend="gloo")
+    seen["disabled"] = shm.connect(gloo, r, 2, 60) is gloo  # the wire is gloo's own calls
+    return seen
+
+
+def test_messages_stream_through_small_rings_in_any_order():
+    sender, receiver = run(_wire_cases, 2)
+    assert sender["wire"] == receiver["wire"] == "SharedMemoryWire"
+    assert sender["both ways"] and receiver["both ways"]
+    assert receiver["out of order"] == ([1, 2, 3], True)
+    assert receiver["claimed mid-way"] and receiver["strided"]
+    assert "rank 0 sent 8 bytes (tag 7) to a receive of 16 bytes" in receiver["mismatch"]
+    for seen in (sender, receiver):  # unlinked once every rank had it open
+        assert seen["mapped files"] and all(f.endswith("(deleted)") for f in seen["mapped files"])
+        assert seen["disabled"]
+
+
+def _traffic(shared_memory):
+    shm.ENABLED = shared_memory
+    group = dist.new_group(backend="toy")
+    toy_backend.clear_transfers()
+    t = torch.arange(6.0) * (dist.get_rank() + 1)
+    dist.all_reduce(t, group=group)
+    with toy_backend.algorithm("tree"):
+        dist.broadcast(t, 1, group=group)
+    records = [(x.op, x.algorithm, x.step, x.src, x.dst, x.nbytes) for x in toy_backend.transfers()]
+    return t.tolist(), records
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_the_wire_changes_no_result_and_no_logged_message(shared_memory):
+    """The same calls on either wire: sums equal the single-process sum, and the log equals
+    the messages a 3-rank ring and tree must send (counted here, not by the toy)."""
+    results = run(_traffic, 3, shared_memory, backend="toy")
+    assert all(t == (torch.arange(6.0) * 6).tolist() for t, _ in results)
+    # ring all-reduce of 6 floats on 3 ranks: 2 reduce-scatter + 2 all-gather steps, each
+    # rank sends one 8-byte chunk per step; tree broadcast from rank 1: 2 sends of 24 bytes
+    sent = [rec for rank, (_, records) in enumerate(results) for rec in records if rec[3] == rank]
+    ring = [rec for rec in sent if rec[0] == "all_reduce"]
+    tree = [rec for rec in sent if rec[0] == "broadcast"]
+    assert len(ring) == 3 * 4 and {rec[5] for rec in ring} == {8}
+    assert len(tree) == 2 and {rec[5] for rec in tree} == {24}
