@@ -170,3 +170,15 @@ def test_a_real_kernel_is_warm_before_its_first_launch():
         client.stop_channels()
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
+
+
+def test_preload_checks_a_name_without_importing_it_or_its_packages(monkeypatch):
+    """A chapter preloads ``torch.distributed.tensor.parallel`` for its ranks; checking that
+    the name exists must not import ``torch.distributed.tensor`` into the kernel (1 s)."""
+    monkeypatch.setattr(server, "_forkserver_ready", True)  # checked, not added to a server
+    unused = [name for name in ("wsgiref", "xmlrpc") if name not in sys.modules]
+    server.preload("wsgiref.simple_server", "xmlrpc.server", "os.path", "json.decoder")
+    assert [name for name in unused if name in sys.modules] == []
+    for typo in ("wsgiref.simple_srever", "wsgiref.simple_server.x", "nosuchpackage.x"):
+        with pytest.raises(ModuleNotFoundError, match=f"no module named '{typo}'"):
+            server.preload(typo)

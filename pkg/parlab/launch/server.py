@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.machinery
 import importlib.util
 import multiprocessing as mp
 import os
@@ -67,12 +68,35 @@ def preload(*modules: str) -> bool:
     launch on a small machine). Returns False when the server is already running: the
     modules are then imported by each rank as usual, which is slower but still correct.
     """
-    for name in modules:  # a typo fails here, not inside every rank (without importing it
-        if importlib.util.find_spec(name) is None:  # here: the caller may never need it)
+    for name in modules:  # a typo fails here, not inside every rank
+        if not _module_exists(name):
             raise ModuleNotFoundError(f"preload: no module named {name!r}", name=name)
     if _forkserver_ready:
         return False
     _preload.extend(m for m in modules if m not in _preload)
+    return True
+
+
+def _module_exists(name: str) -> bool:
+    """Whether ``name`` can be imported, found without importing it or its parent packages
+    (``importlib.util.find_spec("a.b.c")`` runs ``a.b``: for ``torch.distributed.tensor.parallel``
+    that is ``torch.distributed.tensor``, 1 s in a kernel that may never use it)."""
+    if name in sys.modules:
+        return True
+    parts, path = name.split("."), None
+    for depth in range(len(parts)):
+        full = ".".join(parts[:depth + 1])
+        module = sys.modules.get(full)
+        if module is not None:
+            path = getattr(module, "__path__", None)
+        else:
+            spec = (importlib.util.find_spec(full) if depth == 0
+                    else importlib.machinery.PathFinder.find_spec(full, path))
+            if spec is None:
+                return False
+            path = spec.submodule_search_locations
+        if path is None and depth < len(parts) - 1:  # a module, not a package: none below
+            return False
     return True
 
 
