@@ -195,8 +195,9 @@ show(step_figure(sim, doubled[2][0]))
 # `dist.recv` on the NCCL backend take that path between servers where the cards and
 # drivers allow it, and NVLink between GPUs of one server. Here the ranks are processes on
 # one machine: gloo hands the same tensors over through the operating system's sockets, and
-# the toy backend (below) logs each message and passes it on over gloo. The transport
-# differs; what moves, from which GPU to which, and how many bytes, does not.
+# the toy backend (below) logs each message and passes it on through memory the ranks
+# share (on Linux x86-64; elsewhere over gloo). The transport differs; what moves, from
+# which GPU to which, and how many bytes, does not.
 #
 # Each rank logs what it computed and what it sent. `execute` checks two things:
 #

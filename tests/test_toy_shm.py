@@ -96,18 +96,35 @@ def _traffic(shared_memory):
     with toy_backend.algorithm("tree"):
         dist.broadcast(t, 1, group=group)
     records = [(x.op, x.algorithm, x.step, x.src, x.dst, x.nbytes) for x in toy_backend.transfers()]
-    return t.tolist(), records
+    # a user's messages on the same group: a ring of isend/irecv, then a receive from any rank
+    r, n = dist.get_rank(), 3
+    got = torch.zeros(2, dtype=torch.int64)
+    works = [dist.isend(torch.tensor([r, 10 * r]), (r + 1) % n, group=group),
+             dist.irecv(got, (r - 1) % n, group=group)]
+    for work in works:
+        work.wait()
+    anyone = torch.zeros(1)
+    if r == 0:
+        sender = dist.recv(anyone, group=group, tag=5)
+    else:
+        sender = r
+        if r == 2:
+            dist.send(torch.tensor([2.5]), 0, group=group, tag=5)
+    return t.tolist(), records, got.tolist(), (sender, anyone.item())
 
 
 @pytest.mark.parametrize("shared_memory", [True, False])
 def test_the_wire_changes_no_result_and_no_logged_message(shared_memory):
-    """The same calls on either wire: sums equal the single-process sum, and the log equals
-    the messages a 3-rank ring and tree must send (counted here, not by the toy)."""
+    """The same calls on either wire: sums equal the single-process sum, the log equals the
+    messages a 3-rank ring and tree must send (counted here, not by the toy), and a user's
+    sends and receives (one from any rank) arrive."""
     results = run(_traffic, 3, shared_memory, backend="toy")
-    assert all(t == (torch.arange(6.0) * 6).tolist() for t, _ in results)
+    assert all(res[0] == (torch.arange(6.0) * 6).tolist() for res in results)
+    assert [res[2] for res in results] == [[2, 20], [0, 0], [1, 10]]
+    assert results[0][3] == (2, 2.5)  # recv without a source: rank 2's message, and who sent
     # ring all-reduce of 6 floats on 3 ranks: 2 reduce-scatter + 2 all-gather steps, each
     # rank sends one 8-byte chunk per step; tree broadcast from rank 1: 2 sends of 24 bytes
-    sent = [rec for rank, (_, records) in enumerate(results) for rec in records if rec[3] == rank]
+    sent = [rec for rank, res in enumerate(results) for rec in res[1] if rec[3] == rank]
     ring = [rec for rec in sent if rec[0] == "all_reduce"]
     tree = [rec for rec in sent if rec[0] == "broadcast"]
     assert len(ring) == 3 * 4 and {rec[5] for rec in ring} == {8}

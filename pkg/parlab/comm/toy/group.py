@@ -20,8 +20,8 @@ from parlab.comm.toy.checks import EFFECTIVE, ToyMismatchError
 from parlab.comm.toy.state import STATE, ToyOptions, valid
 from parlab.comm.toy.wire import CONTROL_TAG, RING_BUFFERS, TAG_BASE, Wire
 from parlab.comm.toy.work import (
-    StagedRecvWork, average, collective, combiner, done, flat_view, nccl_usable, reduce_op_name,
-    relay_blocks, split_rows
+    StagedRecvWork, as_work, average, collective, combiner, done, flat_view, nccl_usable,
+    reduce_op_name, relay_blocks, split_rows
 )
 from parlab.comm.traffic import Transfer
 
@@ -43,7 +43,9 @@ class ToyProcessGroup(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._group_name = name  # torch sets the same name again once the group is made
         self._gloo = ProcessGroupGloo(PrefixStore("toy/gloo/", store), rank, size, timeout)
-        self._nccl, self._cpu = None, None  # _cpu: gloo or shared memory (see _begin)
+        self._nccl = None
+        # every rank makes the group together: the road for CPU messages, also for a user's
+        self._cpu = shm.connect(self._gloo, rank, size, timeout)  # shared memory, or gloo
         self._calls = 0       # collectives so far (every rank of the group agrees)
         self._shown_from = 0  # the call logged as 0 (see clear_transfers)
         self._pairs, self._scratch = {}, {}  # p2p messages per (src, dst); reused buffers
@@ -82,9 +84,9 @@ class ToyProcessGroup(dist.ProcessGroup):
         return "world" if self._is_world else "ranks " + ",".join(map(str, self._global))
 
     # ------------------------------------------------------------------ plumbing
-    def _transport(self, tensor: torch.Tensor, p2p: bool = False):
-        if tensor.device.type == "cpu":  # a user's own messages always take gloo
-            return self._gloo if p2p else self._cpu
+    def _transport(self, tensor: torch.Tensor):
+        if tensor.device.type == "cpu":
+            return self._cpu
         if self._nccl is None:  # only reached when NCCL is usable (see toy_work.collective)
             from torch.distributed import ProcessGroupNCCL
             self._nccl = ProcessGroupNCCL(PrefixStore("toy/nccl/", self._store), self._rank,
@@ -99,8 +101,6 @@ class ToyProcessGroup(dist.ProcessGroup):
         some waiting. ``self._rows`` keeps the table (a tree gather needs others' sizes).
         """
         name = STATE.algorithm_for(self) if op != "barrier" else "ring"
-        if self._cpu is None:  # the first collective: all ranks connect together
-            self._cpu = shm.connect(self._gloo, self._rank, self._size, self._timeout)
         call, self._calls = self._calls, self._calls + 1
         header = checks.Header(self._size, op, name, checks.dtype_code(tensors), reduce_op,
                                root, call, **shape).tensor()
@@ -377,7 +377,7 @@ class ToyProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag: int = 0):
         """Receive from whichever rank sends first (its sender logs the transfer)."""
         self._check_tag(tag)
-        return self._transport(tensors[0], p2p=True).recv_anysource(tensors, tag)
+        return as_work(self._transport(tensors[0]).recv_anysource(tensors, tag))
 
     def _check_tag(self, tag):
         if not 0 <= tag < TAG_BASE:
@@ -392,9 +392,9 @@ class ToyProcessGroup(dist.ProcessGroup):
                                   tensor.numel() * tensor.element_size(), self.label, index))
         if tensor.device.type != "cpu" and not nccl_usable():
             if kind == "send":
-                return self._gloo.send([tensor.cpu().contiguous()], peer, tag)
+                return as_work(self._cpu.send([tensor.cpu().contiguous()], peer, tag))
             staging = torch.empty(tensor.shape, dtype=tensor.dtype)
-            return StagedRecvWork(self._gloo.recv([staging], peer, tag), staging, tensor)
-        transport = self._transport(tensor, p2p=True)
-        return (transport.send if kind == "send" else transport.recv)([tensor], peer, tag)
+            return StagedRecvWork(self._cpu.recv([staging], peer, tag), staging, tensor)
+        transport = self._transport(tensor)
+        return as_work((transport.send if kind == "send" else transport.recv)([tensor], peer, tag))
 

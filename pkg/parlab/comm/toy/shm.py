@@ -1,6 +1,7 @@
-"""Shared memory between the ranks of one machine: the road the toy collectives take there.
+"""Shared memory between the ranks of one machine: the road the toy's messages take there.
 
-Every message still goes from one process to another as bytes; only the road changes.
+A toy group's CPU messages (its collectives' and a user's ``send``/``recv``) still go from one
+process to another as bytes; only the road changes.
 Gloo's point-to-point calls, driven from Python, cost a blocked thread and a wake-up per
 message, and on a busy laptop each wake-up waits for a core (a round trip beside two busy
 processes: 4 ms, where gloo's whole 1 MiB all-reduce takes 1 ms). :func:`connect` sets up a
@@ -44,8 +45,9 @@ def ring_bytes(size: int) -> int:
 
 
 def connect(gloo, rank: int, size: int, timeout: float):
-    """Every rank of the group calls this once, together: a :class:`SharedMemoryWire` when all
-    of them can share memory, else ``gloo`` itself (same ``send``/``recv`` calls)."""
+    """Every rank of the group calls this once, together (the toy group does when it is made):
+    a :class:`SharedMemoryWire` when all of them can share memory, else ``gloo`` itself (the
+    same ``send``/``recv``/``recv_anysource`` calls)."""
     ring = ring_bytes(size)
     usable = (ENABLED and size > 1 and ring and sys.platform == "linux"
               and platform.machine() in ("x86_64", "AMD64"))

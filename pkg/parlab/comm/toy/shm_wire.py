@@ -115,18 +115,25 @@ class SharedMemoryWire:
         data = _bytes(tensor) if target is None else torch.empty(
             tensor.numel() * tensor.element_size(), dtype=torch.uint8)
         message = _Message(self, src, tag, data, target)
-        key = (src, tag)
-        arriving = self._arriving[src]
-        if self._early[key]:
-            _check_size(message, self._early[key][0].numel())
-            message.data.copy_(self._early[key].popleft())
-            message.finish()
-        elif arriving and arriving.wire is None and arriving.tag == tag and not arriving.claimed:
-            _check_size(message, arriving.nbytes)
-            arriving.claimed = message  # being read aside: handed over when complete
-        else:
-            self._posted[key].append(message)
+        for peer in self._in if src is None else [src]:  # None: from any rank (first found)
+            arriving = self._arriving[peer]
+            if self._early[peer, tag]:
+                message.peer = peer
+                _check_size(message, self._early[peer, tag][0].numel())
+                message.data.copy_(self._early[peer, tag].popleft())
+                message.finish()
+                return message
+            if arriving and arriving.wire is None and arriving.tag == tag and not arriving.claimed:
+                message.peer = peer
+                _check_size(message, arriving.nbytes)
+                arriving.claimed = message  # being read aside: handed over when complete
+                return message
+        self._posted[src, tag].append(message)
         return message
+
+    def recv_anysource(self, tensors, tag: int) -> _Message:
+        """Receive from whichever rank's message with ``tag`` comes first (``.peer`` says)."""
+        return self.recv(tensors, None, tag)
 
     # -- moving bytes
     def progress(self) -> None:
@@ -263,9 +270,10 @@ class SharedMemoryWire:
             self._wake(src)
 
     def _match(self, src: int, tag: int, nbytes: int) -> _Message:
-        posted = self._posted.get((src, tag))
+        posted = self._posted.get((src, tag)) or self._posted.get((None, tag))
         if posted:
             message = posted.popleft()
+            message.peer = src  # (a receive from any rank learns which)
             _check_size(message, nbytes)
             return message
         return _Message(None, src, tag, torch.empty(nbytes, dtype=torch.uint8))  # read aside

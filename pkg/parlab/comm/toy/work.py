@@ -1,9 +1,10 @@
 """Small pieces of the toy backend: finished work, CUDA staging, tensor and reduce-op helpers.
 
 The toy collectives run to completion inside the call (simple to follow, and never out of
-order), so they return work that is already done. CUDA tensors take NCCL when every rank
-has a GPU; otherwise they are staged through CPU copies over gloo, which cannot read GPU
-memory for point-to-point messages.
+order), so they return work that is already done; a point-to-point message returns work that
+waits for it. CUDA tensors take NCCL when every rank has a GPU; otherwise they are staged
+through CPU copies over the CPU road (shared memory, or gloo, which cannot read GPU memory
+for point-to-point messages).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 from torch.utils import _pytree as pytree
 
-__all__ = ["done", "StagedRecvWork", "collective", "nccl_usable", "flat_view", "split_rows",
-           "reduce_op_name", "combiner", "average", "relay_blocks"]
+__all__ = ["done", "StagedRecvWork", "MessageWork", "as_work", "collective", "nccl_usable",
+           "flat_view", "split_rows", "reduce_op_name", "combiner", "average", "relay_blocks"]
 
 
 def done(result) -> dist.Work:
@@ -47,6 +48,29 @@ class StagedRecvWork(dist._Work):
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
+
+
+class MessageWork(dist._Work):
+    """A point-to-point message of the toy's own wire, as the work object torch expects."""
+
+    def __init__(self, message):
+        super().__init__()
+        self._message = message
+
+    def wait(self, timeout=None) -> bool:
+        self._message.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._message.is_completed()
+
+    def _source_rank(self) -> int:  # dist.recv without a source asks who sent
+        return self._message.peer
+
+
+def as_work(work) -> dist.Work:
+    """Gloo's and NCCL's works as they are; a message of the toy's own wire wrapped for torch."""
+    return work if isinstance(work, dist.Work) else MessageWork(work)
 
 
 def collective(method):
