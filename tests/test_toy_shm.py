@@ -9,6 +9,7 @@ whole-collective checks against gloo (both wires) are in tests/test_toy_backend.
 """
 import platform
 import sys
+import time
 
 import pytest
 import torch
@@ -39,6 +40,8 @@ def _wire_cases():
         work.wait()
     seen["both ways"] = torch.equal(got, _expected(peer))
     if r == 0:
+        time.sleep(0.05)  # rank 1 waits on a receive from any rank before this one sends
+        wire.send([torch.tensor([9.0])], 1, 9).wait()
         for work in [wire.send([torch.arange(5000, dtype=torch.int32)], 1, 2),
                      wire.send([torch.tensor([1, 2, 3], dtype=torch.uint8)], 1, 3),
                      wire.send([_expected(0, 10_000)], 1, 4),
@@ -47,6 +50,10 @@ def _wire_cases():
                      wire.send([torch.ones(2)], 1, 7)]:
             work.wait()
     else:
+        anyone = torch.zeros(1)
+        message = wire.recv_anysource([anyone], 9)
+        message.wait()
+        seen["from any"] = (message.peer, anyone.item())
         small, large = torch.zeros(3, dtype=torch.uint8), torch.zeros(5000, dtype=torch.int32)
         wire.recv([small], 0, 3).wait()  # tag 2 (20 kB) is read aside to reach tag 3
         wire.recv([large], 0, 2).wait()
@@ -66,6 +73,11 @@ def _wire_cases():
             wire.recv([torch.zeros(4)], 0, 7).wait()
         except RuntimeError as error:
             seen["mismatch"] = str(error)
+        wire._timeout = 0.3  # a receive that nothing answers: an error, not a hang
+        try:
+            wire.recv_anysource([torch.zeros(1)], 99).wait()
+        except RuntimeError as error:
+            seen["timeout"] = str(error)
     maps = open("/proc/self/maps").read().splitlines()
     seen["mapped files"] = sorted({line.split(None, 5)[-1] for line in maps
                                    if "parlab-toy-" in line})
@@ -79,9 +91,11 @@ def test_messages_stream_through_small_rings_in_any_order():
     sender, receiver = run(_wire_cases, 2)
     assert sender["wire"] == receiver["wire"] == "SharedMemoryWire"
     assert sender["both ways"] and receiver["both ways"]
+    assert receiver["from any"] == (0, 9.0)
     assert receiver["out of order"] == ([1, 2, 3], True)
     assert receiver["claimed mid-way"] and receiver["strided"]
     assert "rank 0 sent 8 bytes (tag 7) to a receive of 16 bytes" in receiver["mismatch"]
+    assert "rank 1 waited 0 s to receive from any rank (tag 99); timeout 0 s" in receiver["timeout"]
     for seen in (sender, receiver):  # unlinked once every rank had it open
         assert seen["mapped files"] and all(f.endswith("(deleted)") for f in seen["mapped files"])
         assert seen["disabled"]

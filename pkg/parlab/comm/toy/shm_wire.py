@@ -153,7 +153,8 @@ class SharedMemoryWire:
         polls, start, counters = 0, time.perf_counter(), self._counters
         here = counters[self._line[self.rank] + 1] = _cpu()
         # a peer last seen on this core cannot run while this rank polls: sleep at once
-        spin = SPIN_SECONDS if counters[self._line[message.peer] + 1] != here else 0.0
+        peer = message.peer  # (None: a receive from any rank, not yet matched)
+        spin = SPIN_SECONDS if peer is None or counters[self._line[peer] + 1] != here else 0.0
         while True:
             self.progress()
             if message.done:
@@ -208,10 +209,11 @@ class SharedMemoryWire:
             except PermissionError:
                 pass
         if self._timeout and waited > self._timeout:
-            kind = "send to" if message in self._sending[message.peer] else "receive from"
+            peer = message.peer
+            what = (f"send to rank {peer}" if peer is not None and message in self._sending[peer]
+                    else "receive from " + ("any rank" if peer is None else f"rank {peer}"))
             raise RuntimeError(f"toy backend: rank {self.rank} waited {waited:.0f} s to "
-                               f"{kind} rank {message.peer} (tag {message.tag}); timeout "
-                               f"{self._timeout:.0f} s")
+                               f"{what} (tag {message.tag}); timeout {self._timeout:.0f} s")
 
     def _push(self, dst: int) -> None:
         at, base = self._out[dst]
