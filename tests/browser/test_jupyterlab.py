@@ -147,7 +147,7 @@ def _run_all(page, root=None):
             retries, stalled_since = retries + 1, None
             page.click(".jp-NotebookPanel .jp-Notebook")
             _menu(page, "Run", "runmenu:run-all")
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 #: The cells not yet run: their prompt, first line and output text.
@@ -285,7 +285,8 @@ def _check_chapter(lab, page, name):
     page.wait_for_function(
         "() => [...document.querySelectorAll('.jp-Cell[data-moved] .widget-output img')]"
         ".every(i => i.complete && i.naturalWidth > 0)", timeout=15_000)
-    time.sleep(1.0)  # let the browser paint the decoded image
+    # two animation frames: the decoded image has been painted before the screenshot
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     area = box.bounding_box()
     viewport = page.viewport_size
