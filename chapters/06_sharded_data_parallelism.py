@@ -144,8 +144,9 @@ glue("pad_ranks", world)
 #   gradient is then reduce-scattered and the layer freed again.
 #
 # `stage_table` runs every stage on <span data-glue="stage_ranks">2 and 4</span> ranks with
-# the toy backend (gloo underneath, every message logged), then PyTorch's FSDP2 on the same
-# problem, and checks each run three ways. This is the one slow cell of the chapter.
+# the toy backend (every message logged on its way through memory the ranks share), then
+# PyTorch's FSDP2 on the same problem, and checks each run three ways. This is the one
+# slow cell of the chapter.
 
 # %% tags=["nbval-ignore-output"]
 from parlab.experiments import stage_table
