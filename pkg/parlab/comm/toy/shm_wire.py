@@ -81,6 +81,8 @@ class SharedMemoryWire:
     def __init__(self, mm, bells, rank: int, size: int, ring: int, timeout, pids):
         self._mm, self.rank, self.size, self._ring = mm, rank, size, ring
         self._bells, self._bell = bells, bells[rank]
+        self._doorbell = select.poll()  # (poll, not select: any fd number, however many groups)
+        self._doorbell.register(self._bell, select.POLLIN)
         self._fence = threading.Lock()
         # per rank, the counter index of its line: [0] asleep flag, [1] the core it last ran on
         self._line = [_LINE * (1 + p) // 8 for p in range(size)]
@@ -175,7 +177,7 @@ class SharedMemoryWire:
                 self.progress()
                 if message.done:
                     return
-                if select.select([self._bell], [], [], 0.1)[0]:
+                if self._doorbell.poll(100):  # ms
                     _drain(self._bell)
                 else:
                     self._check_alive(message, time.perf_counter() - start)
