@@ -2,12 +2,12 @@
 
 ``dist.all_reduce`` on a toy group runs a textbook algorithm (ring, naive or tree) that a
 reader can follow, and writes every message it sends into this process's traffic log. Modules,
-bottom up: ``shm_wire`` and ``shm`` (the road between ranks on one machine: shared memory;
-elsewhere gloo's point-to-point calls), ``wire`` (logged sends and receives), ``algorithms``
-(the collectives as transfers), ``checks`` (what every rank must agree on before a call),
-``state`` (the per-process log and choices), ``work`` (torch's work objects, CUDA staging),
-``group`` (the ProcessGroup torch calls), ``backend`` (the switches a reader uses, and
-``run_with_traffic``).
+bottom up: ``work`` (torch's work objects, CUDA staging, tensor helpers), ``shm_wire`` and
+``shm`` (the road between ranks on one machine: shared memory; elsewhere gloo's
+point-to-point calls), ``wire`` (logged sends and receives), ``algorithms`` (the collectives
+as transfers), ``checks`` (what every rank must agree on before a call), ``state`` (the
+per-process log and choices), ``group`` (the ProcessGroup torch calls), ``backend`` (the
+switches a reader uses, and ``run_with_traffic``).
 """
 
 from parlab.comm.toy.backend import (

@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from parlab.comm.toy.work import flat_view
+
 __all__ = ["SharedMemoryWire", "file_bytes", "SPIN_SECONDS", "NAP_SECONDS"]
 
 SPIN_SECONDS = 100e-6
@@ -53,11 +55,12 @@ def file_bytes(size: int, ring: int) -> int:
 class _Message:
     """A send or a receive in progress; ``wait()`` drives this rank's rings until it is done."""
 
-    __slots__ = ("wire", "peer", "tag", "data", "nbytes", "moved", "done", "header", "target",
-                 "claimed")
+    __slots__ = ("wire", "peer", "tag", "data", "nbytes", "moved", "done", "header",
+                 "write_back", "claimed")
 
-    def __init__(self, wire, peer: int, tag: int, data: torch.Tensor, target=None):
-        self.wire, self.peer, self.tag, self.data, self.target = wire, peer, tag, data, target
+    def __init__(self, wire, peer: int, tag: int, data: torch.Tensor, write_back=None):
+        self.wire, self.peer, self.tag, self.data = wire, peer, tag, data
+        self.write_back = write_back  # a receive into a non-contiguous tensor: copy it there
         self.nbytes, self.moved, self.done, self.header = data.numel(), 0, False, False
         self.claimed = None  # a message read aside: the receive posted while it arrived
 
@@ -71,8 +74,8 @@ class _Message:
 
     def finish(self) -> None:
         self.done = True
-        if self.target is not None:  # a non-contiguous receive: copy into place
-            self.target.copy_(self.data.view(self.target.dtype).view(self.target.shape))
+        if self.write_back is not None:
+            self.write_back()
 
 
 class SharedMemoryWire:
@@ -106,17 +109,14 @@ class SharedMemoryWire:
 
     # -- what the toy's Wire calls
     def send(self, tensors, dst: int, tag: int) -> _Message:
-        message = _Message(self, dst, tag, _bytes(tensors[0].contiguous()))
+        message = _Message(self, dst, tag, flat_view(tensors[0])[0].view(torch.uint8))
         self._sending[dst].append(message)
         self._push(dst)
         return message
 
     def recv(self, tensors, src: int, tag: int) -> _Message:
-        tensor = tensors[0]
-        target = None if tensor.is_contiguous() else tensor
-        data = _bytes(tensor) if target is None else torch.empty(
-            tensor.numel() * tensor.element_size(), dtype=torch.uint8)
-        message = _Message(self, src, tag, data, target)
+        flat, write_back = flat_view(tensors[0])
+        message = _Message(self, src, tag, flat.view(torch.uint8), write_back)
         for peer in self._in if src is None else [src]:  # None: from any rank (first found)
             arriving = self._arriving[peer]
             if self._early[peer, tag]:
@@ -302,10 +302,6 @@ class SharedMemoryWire:
             ring_part, data_part = mem[base + offset:base + offset + n], data[moved:moved + n]
             (ring_part.copy_(data_part) if out else data_part.copy_(ring_part))
             real, moved, position = real - n, moved + n, position + n
-
-
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(-1).view(torch.uint8)
 
 
 def _check_size(message: _Message, nbytes: int) -> None:
