@@ -41,38 +41,47 @@ def test_a_plain_import_starts_no_server():
     assert out.split() == ["None", "False"]
 
 
-def test_first_launch_forks_from_the_caller_and_starts_like_a_server_rank():
-    """The caller changes what a rank could inherit; the first launch (forked from the caller)
-    and a launch from the warm server must see the same fresh state: float32, grad on, and
-    one random stream shared by the ranks (the caller's seeded stream is not it)."""
+def test_a_scripts_launches_fork_from_the_caller_and_start_like_a_server_rank():
+    """Outside a notebook every launch forks its ranks from the caller and no server starts;
+    from the second launch on the ranks inherit ``torch._dynamo`` from the caller. The caller
+    changes what a rank could inherit; ranks forked from it and from the warm server must see
+    the same fresh state: float32, grad on, and one random stream shared by the ranks (the
+    caller's seeded stream is not it)."""
     out = _python("""
-        import os, torch
+        import os, sys, time, torch
+        from multiprocessing import forkserver
         from parlab.launch import run, server
 
         def fn():
             return (os.getppid(), torch.rand(2).tolist(), str(torch.get_default_dtype()),
-                    torch.is_grad_enabled())
+                    torch.is_grad_enabled(), "torch._dynamo" in sys.modules)
 
         torch.manual_seed(5)
         torch.set_default_dtype(torch.float64)
         with torch.no_grad():
             first = run(fn, 2, threads=1)
+            later = run(fn, 2, threads=1)
+            no_server = forkserver._forkserver._forkserver_pid is None
+            server.warm()
             for _ in range(600):
                 if server.is_warm():
                     break
-                import time; time.sleep(0.1)
-            later = run(fn, 2, threads=1)
+                time.sleep(0.1)
+            served = run(fn, 2, threads=1)  # a started server forks every launch after
         me = os.getpid()
         torch.manual_seed(5)
         callers = torch.rand(2).tolist()
-        print([r[0] == me for r in first], [r[0] == me for r in later])
-        print([r[1] == run_[0][1] != callers for run_ in (first, later) for r in run_])
-        print({r[2:] for r in first + later})
+        runs = (first, later, served)
+        print([[r[0] == me for r in run_] for run_ in runs], no_server)
+        print([r[1] == run_[0][1] != callers for run_ in runs for r in run_])
+        print({r[2:4] for run_ in runs for r in run_})
+        print([[r[4] for r in run_] for run_ in runs])
     """)
-    parents, shared, state = out.strip().splitlines()
-    assert parents == "[True, True] [False, False]", out
-    assert shared == "[True, True, True, True]", out
+    parents, shared, state, dynamo = out.strip().splitlines()
+    assert parents == "[[True, True], [True, True], [False, False]] True", out
+    assert shared == str([True] * 6), out
     assert state == "{('torch.float32', True)}", out
+    assert dynamo == "[[False, False], [True, True], [True, True]]", out
 
 
 def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
@@ -89,7 +98,7 @@ def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
 
         direct = run(fn, 2, threads=1)  # cold, one thread a rank: forked from the caller
         after_direct = "torch._dynamo" in sys.modules
-        waited = run(fn, 2, threads=2)  # the server was started by the first: waits for it
+        waited = run(fn, 2, threads=2)  # not forked from the caller: starts the server, waits
         names = [t.name for t in threading.enumerate()]
         print(list(direct), after_direct, list(waited), "torch._dynamo" in sys.modules,
               "parlab-import-while-waiting" in names, server.import_while_waiting())

@@ -33,9 +33,10 @@ from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import in_rank, rank_main
 from parlab.launch.result import Run
 from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe,
-                                  import_while_waiting, is_started, warm, warm_after_import_cell)
+                                  import_for_ranks, import_while_waiting, is_started, warm,
+                                  warm_after_import_cell)
 from parlab.launch.sources import code_origins, for_the_reader
-from parlab.launch.spares import enable as keep_spares, refill, send_job, take
+from parlab.launch.spares import enable as keep_spares, enabled as keeps_spares, refill, send_job, take
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
 
@@ -106,8 +107,11 @@ _DIRECT_SEED = random.SystemRandom().getrandbits(63)
 def _run_local(payload, world_size, backend, timeout, threads, origins=None):
     __tracebackhide__ = True
     started = time.monotonic()
+    # outside a notebook kernel nothing starts the server while launches can fork from here
     direct = not is_started() and direct_fork_safe(backend, threads)
-    if not direct:
+    if direct:
+        import_for_ranks()  # from the second launch on: what the server would have preloaded
+    else:
         warm()  # the ranks come from the server: start it now, if nothing did yet
     importing = None if direct else import_while_waiting()
     workdir = make_workdir()
@@ -159,7 +163,8 @@ def _run_local(payload, world_size, backend, timeout, threads, origins=None):
         outputs = read_outputs(workdir, world_size)
         remove_workdir(workdir)
         _print_outputs(outputs)
-        warm()  # after a direct launch: the next launches will come from the server
+        if direct and keeps_spares():
+            warm()  # the next launches come from the server and the spares it forks
         refill(world_size)  # where spares are kept, their forks begin (in the background)
         if importing is not None:
             importing.join()

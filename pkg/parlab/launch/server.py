@@ -9,16 +9,19 @@ whose main "file" ``<stdin>`` cannot be read again), ``python -m`` of a module t
 would run the script again and try to start ranks of its own). So ranks start with the
 preparation data of multiprocessing minus the main module (loky/joblib do the same).
 
-Why the first launch does not wait for the server: the server is a new Python process that
-imports torch (and ``torch._dynamo``, parlab, ...) before it can fork anything, which takes
-longer than the caller's own ``import torch``. So the server warms in the background (in a
-notebook kernel, as soon as the cell that imported :mod:`parlab.launch` has run; elsewhere,
-after the first launch), and that first launch, in a process where nothing started the
-server yet, forks its ranks straight from the caller (:func:`direct_fork_safe` says when that
-is as safe as the server: Linux, no CUDA in the caller, one thread per rank). Later launches
-wait for the server rather than fork directly again: ranks forked from the caller import
-lazily what the server preloads (``torch._dynamo``, seconds, in every rank). ``rank_main`` then resets what a rank could inherit from the
-caller (the random seed, the default dtype, grad mode), so both ways start a rank alike.
+Who forks the ranks: the server is a new Python process that imports torch (and
+``torch._dynamo``, parlab, ...) before it can fork anything, which takes longer than the
+caller's own ``import torch``. In a notebook kernel it warms in the background as soon as the
+cell that imported :mod:`parlab.launch` has run, while the reader reads, and forks every
+launch's ranks (and the spares of :mod:`parlab.launch.spares`). Elsewhere (a script,
+``python -c``, a test process) nothing starts it while the caller can fork its ranks itself
+(:func:`direct_fork_safe` says when that is as safe as the server: Linux, no CUDA in the
+caller, one thread per rank): no launch waits for a server, and from the second launch on the
+caller first imports what the server would have preloaded (:func:`import_for_ranks`), so its
+ranks inherit it. A launch that cannot fork from the caller (NCCL, several threads per rank,
+CUDA in the caller) starts the server and uses it from then on. ``rank_main`` resets what a
+rank could inherit from the caller (the random seed, the default dtype, grad mode), so both
+ways start a rank alike.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ except ImportError:  # no forkserver on this platform (Windows): parlab imports,
     popen_forkserver = None
 
 __all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm", "is_started",
-           "direct_fork_safe", "warm_after_import_cell", "import_while_waiting"]
+           "direct_fork_safe", "warm_after_import_cell", "import_while_waiting", "import_for_ranks"]
 
 _forkserver_ready = False
 _warm = threading.Event()  # set once the server has forked a process: it is fully preloaded
@@ -197,6 +200,29 @@ def import_while_waiting() -> threading.Thread | None:
     return thread
 
 
+def import_for_ranks() -> None:
+    """Before a launch that forks its ranks from this process, import here what the server
+    preloads for its ranks (``torch._dynamo``), so the ranks inherit it; but not before this
+    process's first launch, which stays as quick as the import of torch.
+
+    Why: outside a notebook kernel every launch forks from the caller while it may (see the
+    module), so nothing waits for a server to import torch (a script's second launch waited
+    about 3 s) and no process spends that CPU. A rank that builds an optimizer needs
+    ``torch._dynamo`` (seconds, in every rank); imported here once, the caller pays ~1 s.
+    """
+    if not _launched_here:
+        _launched_here.append(True)
+        return
+    for name in _CALLER_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a rank imports it itself if it needs it
+            return
+
+
+_launched_here: list[bool] = []  # set by the first launch that forked from this process
+
+
 def _noop() -> None:
     """What the warming process runs: nothing (its start proves the server is ready)."""
 
@@ -297,13 +323,15 @@ def warm_after_import_cell(launches_here: bool = True) -> bool:
 
 
 def reset_after_fork() -> None:
-    """In a rank forked from the caller: forget the caller's server (it is not this process's)."""
+    """In a rank forked from the caller: forget the caller's server (it is not this process's)
+    and its launches."""
     global _forkserver_ready
     from multiprocessing import forkserver
 
     _forkserver_ready = False
     _warming.clear()
     _warm.clear()
+    _launched_here.clear()
     forkserver._forkserver = forkserver.ForkServer()
     for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process",
                  "set_forkserver_preload"):
