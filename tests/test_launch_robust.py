@@ -303,7 +303,8 @@ def test_stale_work_folders_are_removed_safely(tmp_path, monkeypatch):
         for kept in (live, mine, unmarked, other):
             assert os.path.isdir(kept)
         assert os.path.islink(link)  # a link is never followed nor removed
-        assert sorted(os.listdir(tmp_path)) == sorted(
+        # (a pymp-* folder is multiprocessing's own, made where it first needs one)
+        assert sorted(n for n in os.listdir(tmp_path) if not n.startswith("pymp-")) == sorted(
             ["parlab-live", "parlab-mine", "parlab-unmarked", "other-stale", "parlab-link"])
     finally:
         alive.kill()
