@@ -143,3 +143,16 @@ def test_the_wire_changes_no_result_and_no_logged_message(shared_memory):
     tree = [rec for rec in sent if rec[0] == "broadcast"]
     assert len(ring) == 3 * 4 and {rec[5] for rec in ring} == {8}
     assert len(tree) == 2 and {rec[5] for rec in tree} == {24}
+
+
+def _doorbells_missing_on_rank_1():
+    r = dist.get_rank()
+    if r == 1:  # this rank finds the shared file but cannot open the doorbells beside it
+        real = shm._bells
+        shm._bells = lambda path, size: [f"{bell}.missing" for bell in real(path, size)]
+    group = dist.new_group(backend="gloo")
+    return shm.connect(group, r, 2, 60) is group
+
+
+def test_a_rank_that_cannot_open_its_doorbells_sends_every_rank_over_gloo():
+    assert run(_doorbells_missing_on_rank_1, 2) == [True, True]

@@ -130,4 +130,13 @@ def _open(info: torch.Tensor, size: int):
     finally:
         os.close(fd)
     # read and write ends at once (Linux): opening never waits for the other side
-    return mm, [os.open(bell, os.O_RDWR | os.O_NONBLOCK) for bell in _bells(path, size)]
+    bells: list[int] = []
+    try:
+        for bell in _bells(path, size):
+            bells.append(os.open(bell, os.O_RDWR | os.O_NONBLOCK))
+    except OSError:  # then this rank cannot share memory: every rank takes gloo's road
+        mm.close()
+        for fd in bells:
+            os.close(fd)
+        return None
+    return mm, bells
