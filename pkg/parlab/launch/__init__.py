@@ -1,15 +1,15 @@
 """Start N real torch.distributed ranks from a notebook cell (or a script) and get their results.
 
-``run(fn, 4)`` forks four ranks from a warm forkserver, runs ``fn`` on each with
-``torch.distributed`` initialised, and returns a :class:`Run`: their results in rank order,
-carrying what the run saw (printed output, each rank's spans, the toy backend's traffic).
-Under ``torchrun`` the same call joins the job torchrun started. Modules: ``local`` (the
-caller side), ``rank`` (what each rank does), ``server`` (the forkserver and the rank
-process), ``spares`` (ranks forked ahead of the next launch, in a notebook), ``workdir``
-(each launch's folder), ``torchrun``, ``backends`` (backend and device choice, argument
-checks), ``result`` (the :class:`Run`), ``reports`` (values each rank sends
-home after ``fn``, registered by layers above), ``spans`` (what a rank was doing and when),
-``errors``. This subpackage imports nothing else of parlab.
+``run(fn, 4)`` forks four ranks (in a notebook from a warm forkserver, in a script from the
+caller), runs ``fn`` on each with ``torch.distributed`` initialised, and returns a
+:class:`Run`: their results in rank order, carrying what the run saw (printed output, each
+rank's spans, the toy backend's traffic). Under ``torchrun`` the same call joins the job
+torchrun started. Modules: ``local`` (the caller side), ``rank`` (what each rank does),
+``server`` (the forkserver and the rank process), ``spares`` (ranks forked ahead of the next
+launch, in a notebook), ``workdir`` (each launch's folder), ``torchrun``, ``backends``
+(backend and device choice, argument checks), ``result`` (the :class:`Run`), ``reports``
+(values each rank sends home after ``fn``, registered by layers above), ``spans`` (what a
+rank was doing and when), ``errors``. This subpackage imports nothing else of parlab.
 """
 
 from parlab.launch.backends import (DEFAULT_TIMEOUT, MAX_WORLD_SIZE, default_backend,

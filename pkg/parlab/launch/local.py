@@ -1,11 +1,12 @@
 """Start N real torch.distributed ranks from a notebook cell (or a script) and get their results.
 
 Why this module exists: every chapter runs collectives between real processes, and a
-reader presses shift-enter many times. So a launch must be fast (ranks are forked from a
-forkserver that already imported torch: about a tenth of a second for 4 ranks after the
-first launch), must never hang the notebook (a rank's exception comes back within a second
-as :class:`RankError`; a hang ends at ``timeout``), must print each rank's output in rank
-order (so stored notebook outputs are deterministic), and must leave no process behind.
+reader presses shift-enter many times. So a launch must be fast (in a notebook ranks are
+forked from a forkserver that already imported torch, in a script from the caller itself:
+about a tenth of a second for 4 ranks), must never hang the notebook (a rank's exception
+comes back within a second as :class:`RankError`; a hang ends at ``timeout``), must print
+each rank's output in rank order (so stored notebook outputs are deterministic), and must
+leave no process behind.
 
 Under ``torchrun`` (a worker that torchrun started, not a shell with stale ``RANK`` and
 ``WORLD_SIZE``: see :mod:`parlab.launch.torchrun`) the same call runs ``fn`` in the job
@@ -36,7 +37,8 @@ from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_sa
                                   import_for_ranks, import_while_waiting, is_started, warm,
                                   warm_after_import_cell)
 from parlab.launch.sources import code_origins, for_the_reader
-from parlab.launch.spares import enable as keep_spares, enabled as keeps_spares, refill, send_job, take
+from parlab.launch.spares import (enable as keep_spares, enabled as keeps_spares, refill,
+                                  send_job, take)
 from parlab.launch.torchrun import run_under_torchrun, under_torchrun, warn_stale_environment
 from parlab.launch.workdir import make_workdir, read_outputs, remove_workdir
 
