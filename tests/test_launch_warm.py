@@ -172,8 +172,12 @@ def test_a_real_kernel_is_warm_before_its_first_launch():
         printed = [o["content"].get("text", "") for o in outputs if o["msg_type"] == "stream"]
         assert printed == ["[]\n"], outputs
         kernel = manager.provisioner.process
+        # a kernel that waits for parlab's processes never ends by itself; one that exits
+        # normally may take over the default 2.5 s on a loaded machine (seen once in CI):
+        # the manager waits up to 15 s before its SIGTERM
+        manager.shutdown_wait_time = 30
         manager.shutdown_kernel(now=False)  # graceful, as JupyterLab's shutdown and restart
-        # it ended by itself (0), not by the manager's SIGTERM after waiting 2.5 s (-15)
+        # it ended by itself (0), not by the manager's SIGTERM (-15)
         assert kernel.wait(10) == 0, kernel.returncode
     finally:
         client.stop_channels()
