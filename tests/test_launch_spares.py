@@ -33,6 +33,12 @@ PRELUDE = """
 
     def me():
         return os.getpid(), dist.get_rank(), os.getcwd()
+
+    def gone(pid, seconds=30):  # dead and reaped by the server, which then reports its exit
+        deadline = time.monotonic() + seconds
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.05)
 """
 
 
@@ -65,7 +71,7 @@ def seen(tmp_path_factory) -> dict:
         seen["ranks"] = list(run(me, 3))
         seen["after"] = pool(3)
         os.kill(seen["after"][-1], signal.SIGKILL)  # the first one the next launch takes
-        time.sleep(0.2)
+        gone(seen["after"][-1])  # (a fixed 0.2 s was not always enough on a loaded machine)
         seen["after_kill"] = list(run(me, 2))
         pool(3)
         try:
