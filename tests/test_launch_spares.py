@@ -34,7 +34,8 @@ PRELUDE = """
     def me():
         return os.getpid(), dist.get_rank(), os.getcwd()
 
-    def gone(pid, seconds=30):  # dead and reaped by the server, which then reports its exit
+    def gone(pid, seconds=30):  # reaped by the server, which then reports the exit (not
+        # procs.wait_gone: a zombie counts as gone there, its exit not yet reported)
         deadline = time.monotonic() + seconds
         while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -168,7 +168,8 @@ def _start_server_apart() -> None:
 _apart: list = []
 
 
-#: What the caller itself imports while its first launch waits for the server (see below).
+#: What the caller itself imports: while its first launch waits for the server, or before it
+#: forks ranks itself (see below).
 _CALLER_IMPORTS = ("torch._dynamo",)
 
 
@@ -187,15 +188,8 @@ def import_while_waiting() -> threading.Thread | None:
     """
     if is_warm() or all(name in sys.modules for name in _CALLER_IMPORTS):
         return None
-
-    def work():
-        for name in _CALLER_IMPORTS:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - the caller imports it itself when it needs it
-                return
-
-    thread = threading.Thread(target=work, name="parlab-import-while-waiting", daemon=True)
+    thread = threading.Thread(target=_import_caller_modules, name="parlab-import-while-waiting",
+                              daemon=True)
     thread.start()
     return thread
 
@@ -213,14 +207,18 @@ def import_for_ranks() -> None:
     if not _launched_here:
         _launched_here.append(True)
         return
-    for name in _CALLER_IMPORTS:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a rank imports it itself if it needs it
-            return
+    _import_caller_modules()
 
 
 _launched_here: list[bool] = []  # set by the first launch that forked from this process
+
+
+def _import_caller_modules() -> None:
+    for name in _CALLER_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - whoever needs it imports it then
+            return
 
 
 def _noop() -> None:
