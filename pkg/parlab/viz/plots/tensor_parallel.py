@@ -173,7 +173,7 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
     from parlab.comm import figure_8_19
     topology = figure_8_19()
     places = comparison.info["placements"]
-    links = comparison.traffic[phase].per_link(topology)
+    links = comparison.traffic[phase].link_totals()
     pos = {p.rank: (p.stage * 4.0, 2.4 - 2.4 * p.position) for p in places}
     for stage in sorted({p.stage for p in places}):
         ax.add_patch(Rectangle((stage * 4 - 0.3, -0.55), 2.6, 3.9, facecolor="none",
@@ -189,9 +189,9 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
         which = f"neuron {first}" if first == last else f"neurons {first}-{last}"
         ax.text(x + 1.0, y + 0.45, f"{p.gpu}\n{p.layer} {which}", ha="center", va="center",
                 fontsize=10, weight="bold")
-    for row in links.itertuples():
-        (x0, y0), (x1, y1) = pos[row.src], pos[row.dst]
-        if row.link == "nvlink":  # inside a server: vertical, left side down, right side up
+    for (src, dst), (nbytes, _) in links.items():
+        (x0, y0), (x1, y1) = pos[src], pos[dst]
+        if topology.link_type(src, dst) == "nvlink":  # inside a server: down left, up right
             dx = 0.55 if y0 > y1 else 1.45
             start = (x0 + dx, y0 + (0 if y0 > y1 else 0.9))
             end = (x1 + dx, y1 + (0.9 if y0 > y1 else 0))
@@ -206,7 +206,7 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
             label_at, ha = ((start[0] + end[0]) / 2, y0 + 0.6), "center"
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color=color,
                                      lw=1.6))
-        ax.text(*label_at, format_bytes(row.bytes), fontsize=8, color=color, ha=ha)
+        ax.text(*label_at, format_bytes(nbytes), fontsize=8, color=color, ha=ha)
     by_type = comparison.traffic[phase].per_link_type(topology)
     ax.text(5, -1.1, f"{phase}: NVLink {format_bytes(by_type['nvlink'])}, rail switches "
             f"{format_bytes(by_type['rail'])}, spine {format_bytes(by_type['spine'])}",
