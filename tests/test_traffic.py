@@ -59,7 +59,6 @@ def test_tables_of_a_small_run():
     assert log.total_bytes() == 28 and len(log) == 3
     assert log.per_link().to_dict("list") == {"src": [0, 1], "dst": [1, 0], "bytes": [8, 20],
                                               "messages": [1, 2]}
-    assert log.link_totals() == {(0, 1): (8, 1), (1, 0): (20, 2)}  # the same, without pandas
     assert log.per_step()[["op", "step", "bytes"]].values.tolist() == [
         ["all_reduce", 0, 8], ["all_reduce", 1, 8], ["broadcast", 0, 12]]
     assert log.matrix().tolist() == [[0, 8], [20, 0]]

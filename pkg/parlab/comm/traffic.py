@@ -122,19 +122,15 @@ class TrafficLog:
             rows[rec.dst]["received"] += rec.nbytes
         return pd.DataFrame(list(rows.values())).set_index("rank")
 
-    def link_totals(self) -> dict[tuple[int, int], tuple[int, int]]:
-        """``{(src, dst): (bytes, messages)}`` per directed link, in order of the link."""
+    def per_link(self, topology: Topology | None = None):
+        """Bytes and messages per directed link src -> dst (and its type, given a topology)."""
+        import pandas as pd
         totals = defaultdict(lambda: [0, 0])
         for rec in self.records:
             totals[(rec.src, rec.dst)][0] += rec.nbytes
             totals[(rec.src, rec.dst)][1] += 1
-        return {link: (b, m) for link, (b, m) in sorted(totals.items())}
-
-    def per_link(self, topology: Topology | None = None):
-        """:meth:`link_totals` as a table, with each link's type given a topology."""
-        import pandas as pd
         rows = [{"src": s, "dst": d, "bytes": b, "messages": m}
-                for (s, d), (b, m) in self.link_totals().items()]
+                for (s, d), (b, m) in sorted(totals.items())]
         frame = pd.DataFrame(rows, columns=["src", "dst", "bytes", "messages"])
         if topology is not None:
             frame["link"] = [topology.link_type(s, d) for s, d in zip(frame.src, frame.dst)]

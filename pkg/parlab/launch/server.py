@@ -204,13 +204,14 @@ def import_for_ranks() -> None:
     about 3 s) and no process spends that CPU. A rank that builds an optimizer needs
     ``torch._dynamo`` (seconds, in every rank); imported here once, the caller pays ~1 s.
     """
+    global _launched_here
     if not _launched_here:
-        _launched_here.append(True)
+        _launched_here = True
         return
     _import_caller_modules()
 
 
-_launched_here: list[bool] = []  # set by the first launch that forked from this process
+_launched_here = False  # set by the first launch that forked from this process
 
 
 def _import_caller_modules() -> None:
@@ -323,13 +324,12 @@ def warm_after_import_cell(launches_here: bool = True) -> bool:
 def reset_after_fork() -> None:
     """In a rank forked from the caller: forget the caller's server (it is not this process's)
     and its launches."""
-    global _forkserver_ready
+    global _forkserver_ready, _launched_here
     from multiprocessing import forkserver
 
-    _forkserver_ready = False
+    _forkserver_ready = _launched_here = False
     _warming.clear()
     _warm.clear()
-    _launched_here.clear()
     forkserver._forkserver = forkserver.ForkServer()
     for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process",
                  "set_forkserver_preload"):

@@ -173,7 +173,7 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
     from parlab.comm import figure_8_19
     topology = figure_8_19()
     places = comparison.info["placements"]
-    links = comparison.traffic[phase].link_totals()
+    sent = comparison.traffic[phase].matrix()  # bytes src (row) -> dst (column)
     pos = {p.rank: (p.stage * 4.0, 2.4 - 2.4 * p.position) for p in places}
     for stage in sorted({p.stage for p in places}):
         ax.add_patch(Rectangle((stage * 4 - 0.3, -0.55), 2.6, 3.9, facecolor="none",
@@ -189,7 +189,8 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
         which = f"neuron {first}" if first == last else f"neurons {first}-{last}"
         ax.text(x + 1.0, y + 0.45, f"{p.gpu}\n{p.layer} {which}", ha="center", va="center",
                 fontsize=10, weight="bold")
-    for (src, dst), (nbytes, _) in links.items():
+    for src, dst in zip(*(ranks.tolist() for ranks in sent.nonzero())):  # row by row
+        nbytes = int(sent[src, dst])
         (x0, y0), (x1, y1) = pos[src], pos[dst]
         if topology.link_type(src, dst) == "nvlink":  # inside a server: down left, up right
             dx = 0.55 if y0 > y1 else 1.45
