@@ -69,3 +69,13 @@ def clean_env(**extra):
            if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def env_with_parlab():
+    """This process's environment for a child Python: the tests' parlab first on PYTHONPATH,
+    then what PYTHONPATH already held (a machine may keep packages there, e.g. Jupyter's)."""
+    import parlab
+    from pathlib import Path
+    pkg = str(Path(parlab.__file__).resolve().parents[1])
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([pkg] + kept)}

@@ -16,7 +16,8 @@ from parlab.launch import RankError, RankTimeoutError, run
 
 
 def _rank_and_sum(offset):
-    t = torch.tensor([float(dist.get_rank() + 1)])
+    # on the rank's device: where the machine has a GPU per rank, the default backend is NCCL
+    t = torch.tensor([float(dist.get_rank() + 1)], device=launch.rank_device())
     dist.all_reduce(t)
     return dist.get_rank() + offset, dist.get_world_size(), t.item()
 
@@ -118,6 +119,15 @@ def test_bad_arguments_say_what_is_valid(bad, match):
     fn = bad.pop("fn", _rank_and_sum)
     with pytest.raises(ValueError, match=match):
         run(fn, bad.pop("world_size"), 0, **bad)
+
+
+def test_a_cpu_tensor_under_nccl_gets_a_hint_and_nothing_else_does():
+    """torch's words for a CPU tensor in an NCCL collective name no remedy; the rank adds one
+    (tests/test_cuda.py sees it on a GPU machine)."""
+    from parlab.launch.rank import _hint
+    torch_words = "No backend type associated with device type cpu"
+    assert "rank_device()" in _hint(torch_words, "nccl")
+    assert _hint(torch_words, "gloo") == "" and _hint("something else", "nccl") == ""
 
 
 def test_nccl_without_enough_gpus_is_a_clear_error():

@@ -10,14 +10,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-import parlab
-from procs import wait_gone
+from procs import env_with_parlab, wait_gone
 
-PKG = str(Path(parlab.__file__).resolve().parents[1])
 
 PRELUDE = """
     import json, os, signal, sys, time
@@ -44,7 +41,7 @@ PRELUDE = """
 
 
 def _python(code: str, timeout=120) -> dict:
-    env = {**os.environ, "PYTHONPATH": PKG}
+    env = env_with_parlab()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)
     script = textwrap.dedent(PRELUDE) + textwrap.dedent(code)
@@ -111,7 +108,7 @@ def test_no_spare_outlives_its_caller(seen):
 
 
 def test_spares_only_where_enabled():
-    env = {**os.environ, "PYTHONPATH": PKG}
+    env = env_with_parlab()
     code = ("from parlab.launch import run, spares; import time\n"
             "run(lambda: 0, 2); time.sleep(0.5); print(spares.enabled(), len(spares._pool))")
     out = subprocess.run([sys.executable, "-c", code], env=env, text=True,

@@ -10,18 +10,15 @@ import sys
 import textwrap
 import time
 import types
-from pathlib import Path
 
 import pytest
 
-import parlab
 from parlab.launch import server
-
-PKG = str(Path(parlab.__file__).resolve().parents[1])
+from procs import env_with_parlab
 
 
 def _python(code: str, timeout=120) -> str:
-    env = {**os.environ, "PYTHONPATH": PKG}
+    env = env_with_parlab()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
@@ -150,7 +147,7 @@ def test_no_warming_outside_a_notebook_kernel(monkeypatch, where):
 
 def test_a_real_kernel_is_warm_before_its_first_launch():
     jupyter_client = pytest.importorskip("jupyter_client")
-    env = {**os.environ, "PYTHONPATH": PKG}
+    env = env_with_parlab()
     manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
     try:
         def execute(code):

@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple
 import torch.distributed as dist
 
 from parlab.checks import check_count
+from parlab.launch import rank_device
 
 __all__ = ["Mesh", "Coordinates", "GROUP_KINDS", "MESH_DIMS"]
 
@@ -149,7 +150,7 @@ class Mesh:
                              f"has {dist.get_world_size()}")
         backend = dist.get_backend()
         if device_type is None:
-            device_type = "cuda" if backend == "nccl" else "cpu"
+            device_type = rank_device().type
         override = None
         if backend == "toy":
             from parlab.comm.toy import ToyOptions

@@ -161,9 +161,19 @@ def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload
         text = str(exc)
         if isinstance(exc, SystemExit):
             text = f"{exc.code!r} (fn called sys.exit({exc.code!r}): a worker that exits non-zero failed)"
+        text += _hint(text, backend)
         message = cloudpickle.dumps(("error", type(exc).__name__, text, tb))
         _finish(result_conn, message, stay=True)
     _finish(result_conn, message, stay=False)
+
+
+def _hint(text: str, backend: str) -> str:
+    """What a reader should do about an error that torch words for its own developers."""
+    if backend == "nccl" and "No backend type associated with device type cpu" in text:
+        return ("\n(this launch runs on NCCL, the default where the machine has a GPU for each "
+                "rank, and NCCL moves CUDA tensors only: create them on "
+                "parlab.launch.rank_device(), or launch with backend='gloo')")
+    return ""
 
 
 def _without_launcher(tb):

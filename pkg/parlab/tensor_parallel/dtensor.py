@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parlab.launch import rank_device
 from parlab.tensor_parallel.sharding import check_degree, shard_spec
 
 __all__ = ["default_mesh", "dtensor_mlp", "dtensor_local_grads",
@@ -36,9 +37,8 @@ __all__ = ["default_mesh", "dtensor_mlp", "dtensor_local_grads",
 def default_mesh():
     """A 1-D DeviceMesh over every rank of the default group (CUDA under NCCL, else CPU)."""
     from torch.distributed.device_mesh import init_device_mesh
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     try:
-        return init_device_mesh(device, (dist.get_world_size(),))
+        return init_device_mesh(rank_device().type, (dist.get_world_size(),))
     except RuntimeError as err:
         if "name not set" not in str(err):
             raise
