@@ -180,5 +180,8 @@ def _measure(config, mesh, rank, stage, zero, seq, groups) -> FakeRank:
             out.backward(torch.ones_like(out))
         if step == 1:
             held = _held(opt)
-        opt.step()
+        # Adam makes its step counter with torch.tensor(0.0): torch 2.11 puts it on the
+        # context's device (meta, where Adam's .item() fails), torch 2.13 on the CPU
+        with torch.device("cpu"):
+            opt.step()
     return FakeRank(rank, stage, **held, units=tuple(u.numel for u in opt.units))
