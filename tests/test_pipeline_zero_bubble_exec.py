@@ -10,7 +10,7 @@ import torch
 
 from parlab.pipeline import (Action, execute_program, execute_programs, Network, program,
                              program_from_order, schedule, SplitBackward, timeline,
-                             torch_pipelining, weight_modules)
+                             torch_pipelining, weight_modules, V_SCHEDULES_NEED_TORCH)
 
 #: 8 layers of unequal widths, so a stage's output shape is never its neighbour's by chance;
 #: 2 ranks: 2 (loop) or 4 (V) stages, 4 ranks: 4 or 8 stages.
@@ -108,6 +108,9 @@ def test_zero_bubble_transfers_cross_ranks_and_the_v_tip_stays_local(runs, name,
 @pytest.fixture(scope="module")
 def torch_runs():
     """PyTorch's V schedules on 2 gloo ranks, float64, one launch."""
+    if torch.__version__ < V_SCHEDULES_NEED_TORCH:
+        pytest.skip(f"torch {torch.__version__}: PyTorch's V schedules on gloo need torch "
+                    f"{V_SCHEDULES_NEED_TORCH} (see parlab.pipeline.torch_pipelining)")
     return torch_pipelining(("zbv", "dualpipev"), stages=2, microbatches=4, net=NET,
                             dtype=torch.float64)
 
@@ -234,3 +237,12 @@ def test_zbv_run_schedule_names_the_stages_a_v_rank_holds():
 def test_zero_bubble_bad_input_is_named_before_any_rank_starts(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_v_schedules_on_a_torch_that_cannot_run_them_say_which_torch(monkeypatch):
+    """torch 2.11's stages send a tensor from a rank to itself as a V starts, which gloo
+    refuses; the run says so before any rank starts, instead of gloo's "Pair is not
+    connected" from a rank."""
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.11.0"))
+    with pytest.raises(RuntimeError, match=r"ScheduleZBVZeroBubble on gloo need torch 2\.13"):
+        torch_pipelining("zbv", 2, 4, NET)

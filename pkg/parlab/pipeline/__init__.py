@@ -25,7 +25,8 @@ from parlab.pipeline.executor import (
     execute, Execution, Network, reference, reference_step, run_network, stage_layers
 )
 from parlab.pipeline.torch_pipelining import (
-    our_action_order, torch_action_order, torch_pipelining, TorchRun, TORCH_SCHEDULES
+    our_action_order, torch_action_order, torch_pipelining, TorchRun, TORCH_SCHEDULES,
+    V_SCHEDULES_NEED_TORCH,
 )
 from parlab.pipeline.slots import (
     doubled_steps, one_action_per_slot, slot_count, SlotCount, work_percent
@@ -43,7 +44,7 @@ __all__ = ["Action", "Schedule", "schedule", "from_order", "StageTransfer", "Eve
            "simulate", "stage_gpu_name", "run_schedule", "split_layers", "StageRun", "run_network",
            "stage_layers", "action_code", "describe_step", "transfer_label",
            "Network", "Execution", "execute", "reference", "reference_step", "TorchRun",
-           "torch_pipelining", "our_action_order", "torch_action_order", "TORCH_SCHEDULES", "compare", "comparison_table", "ScheduleCost",
+           "torch_pipelining", "our_action_order", "torch_action_order", "TORCH_SCHEDULES", "V_SCHEDULES_NEED_TORCH", "compare", "comparison_table", "ScheduleCost",
            "COMPARED",
            "SlotCount", "slot_count", "work_percent", "one_action_per_slot", "doubled_steps",
            "Tradeoffs", "tradeoffs", "zb_h1", "zbv", "dualpipe_v", "v_stages", "ZERO_BUBBLE",

@@ -19,13 +19,17 @@ from parlab.pipeline.schedules import Schedule, entry_actions, stage_rank
 from parlab.pipeline.zero_bubble import v_stages
 
 __all__ = ["TorchRun", "torch_pipelining", "our_action_order", "torch_action_order",
-           "TORCH_SCHEDULES"]
+           "TORCH_SCHEDULES", "V_SCHEDULES_NEED_TORCH"]
 
 #: Our schedule names -> the name ``torch.distributed.pipelining`` gives the same schedule.
 TORCH_SCHEDULES = {"gpipe": "GPipe", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 
 #: The kinds that hold two stages per rank in a V.
 _V_KINDS = ("zbv", "dualpipev")
+#: The torch that runs PyTorch's V schedules on gloo: torch 2.11's stage warm-up sends a tensor
+#: from a rank to itself where the V puts two adjacent stages on one rank, and gloo refuses
+#: that ("Pair is not connected"); torch 2.13 warms up by another protocol (2.12 not checked).
+V_SCHEDULES_NEED_TORCH = "2.13"
 _CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zbv": "ScheduleZBVZeroBubble",
             "dualpipev": "ScheduleDualPipeV"}
 
@@ -115,6 +119,12 @@ def torch_pipelining(kinds=("gpipe", "1f1b"), stages: int = 4, microbatches: int
     if "dualpipev" in kinds and microbatches < 2 * stages:
         raise ValueError(f"torch's ScheduleDualPipeV needs microbatches >= 2 x ranks = "
                          f"{2 * stages}, got microbatches={microbatches}")
+    v_kinds = [kind for kind in kinds if kind in _V_KINDS]
+    if v_kinds and torch.__version__ < V_SCHEDULES_NEED_TORCH:
+        raise RuntimeError(f"PyTorch's {' and '.join(_CLASSES[k] for k in v_kinds)} on gloo "
+                           f"need torch {V_SCHEDULES_NEED_TORCH} or later (requirements.txt's); "
+                           f"torch {torch.__version__}'s stages send a tensor from a rank to "
+                           f"itself as they start, which gloo refuses")
     net = net or Network()
     for kind in kinds:
         stage_layers(net, 2 * stages if kind in _V_KINDS else stages, 0)
