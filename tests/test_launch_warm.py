@@ -12,8 +12,9 @@ import time
 import types
 
 import pytest
+import torch
 
-from parlab.launch import server
+from parlab.launch import forking, server
 from procs import env_with_parlab
 
 
@@ -104,9 +105,40 @@ def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
 
 
 def test_direct_fork_only_when_safe():
-    assert not server.direct_fork_safe("nccl", 1)
-    assert not server.direct_fork_safe("gloo", 2)  # OpenMP in a forked child can hang
-    assert server.direct_fork_safe("gloo", 1) == sys.platform.startswith("linux")
+    assert not forking.direct_fork_safe("nccl", 1)
+    assert not forking.direct_fork_safe("gloo", 2)  # OpenMP in a forked child can hang
+    expected = sys.platform.startswith("linux") and not torch.cuda.is_available()
+    assert forking.direct_fork_safe("gloo", 1) == expected
+
+
+def test_no_direct_fork_where_a_forked_child_cannot_run_backward():
+    """Where autograd's device threads run in the caller (a GPU machine after any backward;
+    torch 2.11's CUDA build after a first backward under FakeTensorMode), a forked child's
+    backward raises: the probe sees it and ranks come from the server. Simulated here by a
+    child whose backward fails; then a real launch whose ranks run a backward."""
+    out = _python("""
+        import torch
+        from parlab.launch import forking, run
+        real = torch.Tensor.backward
+        def fails_in_a_child(self, *args, **kwargs):
+            if os.getpid() != parent:
+                raise RuntimeError("Unable to handle autograd's threading in combination with "
+                                   "fork-based multiprocessing")
+            return real(self, *args, **kwargs)
+        import os
+        parent = os.getpid()
+        torch.Tensor.backward = fails_in_a_child
+        print(forking.direct_fork_safe("gloo", 1))
+        torch.Tensor.backward = real
+        print(forking.direct_fork_safe("gloo", 1))  # one probe a process: the answer stays
+
+        def step():
+            w = torch.ones(2, requires_grad=True)
+            (w * 3).sum().backward()
+            return w.grad.tolist()
+        print(run(step, 2, threads=1))
+    """)
+    assert out.split() == ["False", "False", "[[3.0,", "3.0],", "[3.0,", "3.0]]"], out
 
 
 class _Events:

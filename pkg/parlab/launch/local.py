@@ -33,7 +33,8 @@ from parlab.launch.backends import DEFAULT_TIMEOUT, check_arguments, default_bac
 from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import in_rank, rank_main
 from parlab.launch.result import Run
-from parlab.launch.server import (ForkedRankProcess, RankProcess, direct_fork_safe,
+from parlab.launch.forking import direct_fork_safe
+from parlab.launch.server import (ForkedRankProcess, RankProcess,
                                   import_for_ranks, import_while_waiting, is_started, warm,
                                   warm_after_import_cell)
 from parlab.launch.sources import code_origins, for_the_reader

@@ -15,11 +15,12 @@ caller's own ``import torch``. In a notebook kernel it warms in the background a
 cell that imported :mod:`parlab.launch` has run, while the reader reads, and forks every
 launch's ranks (and the spares of :mod:`parlab.launch.spares`). Elsewhere (a script,
 ``python -c``, a test process) nothing starts it while the caller can fork its ranks itself
-(:func:`direct_fork_safe` says when that is as safe as the server: Linux, no CUDA in the
-caller, one thread per rank): no launch waits for a server, and from the second launch on the
+(:func:`parlab.launch.forking.direct_fork_safe` says when that is as safe as the server:
+Linux, no GPU, one thread per rank, autograd that survives a fork): no launch waits for a
+server, and from the second launch on the
 caller first imports what the server would have preloaded (:func:`import_for_ranks`), so its
 ranks inherit it. A launch that cannot fork from the caller (NCCL, several threads per rank,
-CUDA in the caller) starts the server and uses it from then on. ``rank_main`` resets what a
+a GPU) starts the server and uses it from then on. ``rank_main`` resets what a
 rank could inherit from the caller (the random seed, the default dtype, grad mode), so both
 ways start a rank alike.
 """
@@ -43,7 +44,7 @@ except ImportError:  # no forkserver on this platform (Windows): parlab imports,
     popen_forkserver = None
 
 __all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm", "is_started",
-           "direct_fork_safe", "warm_after_import_cell", "import_while_waiting", "import_for_ranks"]
+           "warm_after_import_cell", "import_while_waiting", "import_for_ranks"]
 
 _forkserver_ready = False
 _warm = threading.Event()  # set once the server has forked a process: it is fully preloaded
@@ -272,21 +273,6 @@ def is_warm() -> bool:
 def is_started() -> bool:
     """True once :func:`warm` has started the server (warm or still importing)."""
     return bool(_warming)
-
-
-def direct_fork_safe(backend: str, threads: int) -> bool:
-    """Whether ranks may be forked from the caller itself instead of from the server.
-
-    Only on Linux (macOS forbids fork after some system libraries ran); only when the caller
-    has not initialised CUDA (a forked child cannot use it) and the backend is not NCCL; and
-    only with one thread per rank: a child forked after the caller ran OpenMP-parallel
-    kernels hangs in its own first parallel region (GNU OpenMP is not fork-safe), while a
-    one-thread rank never enters one.
-    """
-    import torch
-
-    return (sys.platform.startswith("linux") and backend != "nccl" and threads == 1
-            and not torch.cuda.is_initialized())
 
 
 #: What a notebook's server imports besides :data:`_preload` and the caller's parlab modules.
