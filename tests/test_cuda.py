@@ -4,8 +4,8 @@ What they guard: the launcher picks NCCL with one GPU per rank and binds each ra
 several ranks can share one GPU through gloo with CUDA tensors (NCCL refuses that: "Duplicate
 GPU detected"); the toy backend carries CUDA tensors (over NCCL with a GPU per rank, else
 staged through CPU copies) with the same results and the same traffic log as on the CPU;
-the memory measurement on a GPU agrees with the CPU one part by part; and a CPU tensor under
-NCCL (the default with a GPU per rank) fails with a hint at the remedy. CPU-only CI skips
+the memory measurement on a GPU agrees with the CPU one part by part; and CPU tensors run
+beside CUDA ones under the default NCCL (its group is "cpu:gloo,cuda:nccl"). CPU-only CI skips
 them, and every other test covers the same code on the CPU. Ranks on gloo beside a GPU (one
 GPU, several ranks) are what the rest of the suite runs there: chapter 06's FSDP2 runs
 failed so until its mesh was put on the ranks' own device.
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from parlab import memory
-from parlab.launch import RankError, rank_device, run
+from parlab.launch import rank_device, run
 from parlab.models import BookMLP
 from parlab.comm import run_with_traffic
 
@@ -28,14 +28,15 @@ def _nccl_all_reduce():
     device = rank_device()
     t = torch.full((3,), float(dist.get_rank() + 1), device=device)
     dist.all_reduce(t)
-    return dist.get_backend(), str(device), t.cpu().tolist()
+    return str(dist.get_backend()), str(device), t.cpu().tolist()
 
 
 def test_one_rank_per_gpu_uses_nccl_on_its_own_gpu():
     n = torch.cuda.device_count()
     results = run(_nccl_all_reduce, n, timeout=120)
     total = float(n * (n + 1) // 2)
-    assert results == [("nccl", f"cuda:{r}", [total] * 3) for r in range(n)]
+    # NCCL for CUDA tensors, gloo for CPU ones, in one group (parlab.launch.rank)
+    assert results == [("cpu:gloo,cuda:nccl", f"cuda:{r}", [total] * 3) for r in range(n)]
 
 
 def _gloo_on_one_gpu():
@@ -95,14 +96,16 @@ def test_memory_measured_on_a_gpu_equals_the_cpu_measurement():
     assert gpu.other >= 0  # CUDA's transient buffers, only visible on a GPU
 
 
-def _cpu_all_reduce():
-    t = torch.ones(2)  # on the CPU, under the default backend: NCCL when each rank has a GPU
-    dist.all_reduce(t)
-    return t.tolist()
+def _cpu_and_gpu_all_reduce():
+    cpu = torch.ones(2)  # a rank function written for the CPU, under the default backend
+    gpu = torch.ones(2, device=rank_device())
+    dist.all_reduce(cpu)
+    dist.all_reduce(gpu)
+    return str(dist.get_backend()), str(gpu.device), cpu.tolist(), gpu.cpu().tolist()
 
 
-def test_a_cpu_tensor_under_nccl_says_what_to_do():
-    with pytest.raises(RankError) as caught:
-        run(_cpu_all_reduce, 1, timeout=120)
-    assert "No backend type associated with device type cpu" in str(caught.value)
-    assert "rank_device()" in str(caught.value) and "backend='gloo'" in str(caught.value)
+def test_cpu_tensors_run_beside_cuda_ones_under_the_default_nccl():
+    n = torch.cuda.device_count()
+    results = run(_cpu_and_gpu_all_reduce, n, timeout=120)
+    assert results == [("cpu:gloo,cuda:nccl", f"cuda:{r}", [float(n)] * 2, [float(n)] * 2)
+                       for r in range(n)]

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from parlab.launch.torchrun import under_torchrun
 
 __all__ = ["MAX_WORLD_SIZE", "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "MAX_THREADS", "default_backend",
-           "rank_device", "environment", "check_arguments", "backend_usable"]
+           "rank_device", "environment", "check_arguments", "backend_usable", "uses_nccl"]
 
 #: More local ranks than this is not a lesson any more but a stress test of the machine.
 MAX_WORLD_SIZE = 64
@@ -38,9 +38,14 @@ def default_backend(world_size: int) -> str:
     return "gloo"
 
 
+def uses_nccl(group=None) -> bool:
+    """Whether ``group`` (default: the world) carries CUDA tensors over NCCL."""
+    return "nccl" in str(dist.get_backend(group)).lower()
+
+
 def rank_device() -> torch.device:
     """The device this rank should put its tensors on: its own GPU under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and uses_nccl():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

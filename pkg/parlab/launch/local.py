@@ -57,8 +57,9 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
     Inside ``fn``, ``torch.distributed`` is initialised: ``dist.get_rank()``,
     ``dist.all_reduce(...)`` and friends work, and :func:`rank_device` gives the device.
 
-    - ``backend``: None picks ``"nccl"`` with one GPU per rank when there are enough GPUs,
-      else ``"gloo"`` on the CPU; any registered backend by name (``"toy"`` logs traffic).
+    - ``backend``: None picks ``"nccl"`` with one GPU per rank when there are enough GPUs
+      (its group carries CPU tensors through gloo), else ``"gloo"`` on the CPU; any
+      registered backend by name (``"toy"`` logs traffic).
     - ``timeout``: seconds the ranks may take once started, also the process-group timeout
       (more than 0, at most a week). Not counted: the wait for the forkserver to start them.
     - ``threads``: torch threads per rank (default: the CPU cores shared among the ranks).

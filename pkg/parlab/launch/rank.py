@@ -40,7 +40,7 @@ from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.sources import restore_origins
 from parlab.launch.spans import recording
 
-__all__ = ["rank_main", "in_rank"]
+__all__ = ["rank_main", "in_rank", "process_group_backend"]
 
 _LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
@@ -101,6 +101,14 @@ def _as_if_fresh(inherited, seed: int) -> None:
     reset_after_fork()
 
 
+def process_group_backend(backend: str) -> str:
+    """What a launch asks ``init_process_group`` for: NCCL for CUDA tensors and gloo for CPU
+    ones in the same group (PyTorch's ``"cpu:gloo,cuda:nccl"``, its own default on a GPU
+    machine), so a rank function written for the CPU runs unchanged where each rank has a
+    GPU; every other backend as it is."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
 def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload, result_conn,
                alive_conn, out_path, job=None, inherited=None, seed=0):
     """Entry point of one rank (forked by the forkserver, or by the caller when ``inherited``
@@ -140,7 +148,8 @@ def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload
             options["device_id"] = torch.device("cuda", rank)
         store = dist.FileStore(store_path, world_size)
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+        dist.init_process_group(process_group_backend(backend), store=store, rank=rank,
+                                world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s), **options)
         _join_instead_of_init(dist.group.WORLD, backend, rank, world_size)
         start_reports()
@@ -161,19 +170,9 @@ def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload
         text = str(exc)
         if isinstance(exc, SystemExit):
             text = f"{exc.code!r} (fn called sys.exit({exc.code!r}): a worker that exits non-zero failed)"
-        text += _hint(text, backend)
         message = cloudpickle.dumps(("error", type(exc).__name__, text, tb))
         _finish(result_conn, message, stay=True)
     _finish(result_conn, message, stay=False)
-
-
-def _hint(text: str, backend: str) -> str:
-    """What a reader should do about an error that torch words for its own developers."""
-    if backend == "nccl" and "No backend type associated with device type cpu" in text:
-        return ("\n(this launch runs on NCCL, the default where the machine has a GPU for each "
-                "rank, and NCCL moves CUDA tensors only: create them on "
-                "parlab.launch.rank_device(), or launch with backend='gloo')")
-    return ""
 
 
 def _without_launcher(tb):
@@ -233,7 +232,8 @@ def _join_instead_of_init(launch_group, backend, rank, world_size) -> None:
         asked = dict(zip(("backend", "init_method", "timeout", "world_size", "rank"), args))
         asked.update(kwargs)
         wanted = asked.get("backend")
-        if wanted is not None and str(wanted).lower() != backend:
+        if wanted is not None and str(wanted).lower() not in (backend,
+                                                             process_group_backend(backend)):
             raise ValueError(
                 f"init_process_group({wanted!r}) inside parlab.launch.run: the launch already "
                 f"made the process group with backend {backend!r}. Ask run() for it: "

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch.errors import RankError
-from parlab.launch.rank import in_rank
+from parlab.launch.rank import in_rank, process_group_backend
 from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.result import Run
 from parlab.launch.spans import recording
@@ -125,7 +125,7 @@ def _join(backend: str, timeout: float) -> None:
     ours = _group["pg"] is not None and dist.is_initialized() and dist.group.WORLD is _group["pg"]
     if dist.is_initialized() and not ours:
         current = str(dist.get_backend()).lower()
-        if current != backend:
+        if current not in (backend, process_group_backend(backend)):
             raise ValueError(
                 f"run(..., backend={backend!r}) under torchrun, but this script already made "
                 f"the process group with backend {current!r}; pass backend={current!r}, or let "
@@ -152,7 +152,8 @@ def _join(backend: str, timeout: float) -> None:
         torch.cuda.set_device(local)
         options["device_id"] = torch.device("cuda", local)
     store = dist.PrefixStore(f"parlab_pg/{_group['generation']}", _group["store"])
-    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+    dist.init_process_group(process_group_backend(backend), store=store,
+                            rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]), timeout=delta, **options)
     _group["pg"], _group["key"] = dist.group.WORLD, key
 
