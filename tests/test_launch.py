@@ -16,8 +16,7 @@ from parlab.launch import RankError, RankTimeoutError, run
 
 
 def _rank_and_sum(offset):
-    # on the rank's device: where the machine has a GPU per rank, the default backend is NCCL
-    t = torch.tensor([float(dist.get_rank() + 1)], device=launch.rank_device())
+    t = torch.tensor([float(dist.get_rank() + 1)])  # CPU, also where NCCL is the default
     dist.all_reduce(t)
     return dist.get_rank() + offset, dist.get_world_size(), t.item()
 

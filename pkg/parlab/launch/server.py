@@ -17,12 +17,11 @@ launch's ranks (and the spares of :mod:`parlab.launch.spares`). Elsewhere (a scr
 ``python -c``, a test process) nothing starts it while the caller can fork its ranks itself
 (:func:`parlab.launch.forking.direct_fork_safe` says when that is as safe as the server:
 Linux, no GPU, one thread per rank, autograd that survives a fork): no launch waits for a
-server, and from the second launch on the
-caller first imports what the server would have preloaded (:func:`import_for_ranks`), so its
-ranks inherit it. A launch that cannot fork from the caller (NCCL, several threads per rank,
-a GPU) starts the server and uses it from then on. ``rank_main`` resets what a
-rank could inherit from the caller (the random seed, the default dtype, grad mode), so both
-ways start a rank alike.
+server, and from the second launch on the caller first imports what the server would have
+preloaded (:func:`import_for_ranks`), so its ranks inherit it. A launch that cannot fork
+from the caller (NCCL, several threads per rank, a GPU) starts the server and uses it from
+then on. ``rank_main`` resets what a rank could inherit from the caller (the random seed,
+the default dtype, grad mode), so both ways start a rank alike.
 """
 
 from __future__ import annotations
