@@ -109,11 +109,15 @@ def browser_context_args(browser_context_args):
 
 #: Let Chromium skip the layout and painting of cells out of view (they stay in the page, so
 #: every check still finds them): with every cell rendered, each new output made the browser
-#: lay out the whole notebook again, as much CPU as the kernel and its ranks used.
+#: lay out the whole notebook again, as much CPU as the kernel and its ranks used. And no CSS
+#: animation or transition (JupyterLab's busy indicators repaint every frame while cells
+#: run): five chapters' renderer took 26.9 core-s with them, 23.2 without.
 SKIP_OFFSCREEN = """document.addEventListener('DOMContentLoaded', () => {
   const style = document.createElement('style');
   style.textContent = '.jp-Notebook .jp-Cell { content-visibility: auto; '
-                      + 'contain-intrinsic-size: auto 150px; }';
+                      + 'contain-intrinsic-size: auto 150px; } '
+                      + '*, *::before, *::after { animation: none !important; '
+                      + 'transition: none !important; }';
   document.head.appendChild(style);
 });"""
 
