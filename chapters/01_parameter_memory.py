@@ -576,8 +576,9 @@ from parlab.units import format_bytes
 
 seq = 2048
 table = memory.compare_block(GPT3_175B, batch=1, seq=seq, precision="bf16")
-print(table.to_string(formatters={"Korthikanti": "{:,}".format, "ours": "{:,}".format,
-                                  "why they differ": lambda why: f"  {why:<72}"}))
+print(f"{'term':<36}{'Korthikanti':>13}{'ours':>13}   why they differ")
+for term, row in table.iterrows():
+    print(f"{term:<36}{row['Korthikanti']:>13,}{row['ours']:>13,}   {row['why they differ']}")
 theirs, ours = table["Korthikanti"].sum(), table["ours"].sum()
 no_dropout = sum(memory.korthikanti_terms(GPT3_175B, 1, seq, dropout=False).values())
 dropout_rows = table[table["why they differ"].str.startswith("no dropout")]["Korthikanti"].sum()
