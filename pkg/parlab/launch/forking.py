@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 
 __all__ = ["direct_fork_safe"]
 
@@ -53,7 +54,9 @@ def _autograd_survives_fork(wait_s: float = 5.0) -> bool:
     global _autograd_forks
     if _autograd_forks is None:
         _backward()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python 3.12+ warns on fork in a threaded process
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: report by exit code, run nothing of the caller's
             code = 1
             try:
