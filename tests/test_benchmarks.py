@@ -6,14 +6,13 @@ scripts are found by glob, so a new one is covered as soon as it exists, and it 
 ``--quick`` (2 ranks, the smallest size, one repeat) and say in ``OUTPUT`` which line of its
 output shows that it measured something.
 """
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import parlab
+from procs import env_with_parlab
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "benchmarks").glob("*.py"))
@@ -34,11 +33,7 @@ def test_the_benchmarks_are_found():
 def quick_runs():
     """{script name: finished process} of every script's --quick run, all started at once
     (each mostly waits for its subprocesses and kernels: together they take the time of one)."""
-    env = dict(os.environ)
-    # the same parlab as the tests', before whatever PYTHONPATH already holds
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(parlab.__file__).resolve().parents[1])]
-        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = env_with_parlab()  # the same parlab as the tests', before PYTHONPATH's entries
     started = {s.name: subprocess.Popen([sys.executable, str(s), "--quick"], cwd=REPO, env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
