@@ -18,6 +18,13 @@ from parlab.launch import forking, server
 from procs import env_with_parlab
 
 
+#: Where a script's launches may fork from the script itself (launch/forking.py): on Linux
+#: without a GPU. On the GPU machine every launch comes from the server instead.
+needs_direct_fork = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or torch.cuda.is_available(),
+    reason="ranks are forked from the caller only on Linux without a GPU (launch/forking.py)")
+
+
 def _python(code: str, timeout=120) -> str:
     env = env_with_parlab()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
@@ -39,6 +46,7 @@ def test_a_plain_import_starts_no_server():
     assert out.split() == ["None", "False"]
 
 
+@needs_direct_fork
 def test_a_scripts_launches_fork_from_the_caller_and_start_like_a_server_rank():
     """Outside a notebook every launch forks its ranks from the caller and no server starts;
     from the second launch on the ranks inherit ``torch._dynamo`` from the caller. The caller
@@ -82,6 +90,7 @@ def test_a_scripts_launches_fork_from_the_caller_and_start_like_a_server_rank():
     assert dynamo == "[[False, False], [True, True], [True, True]]", out
 
 
+@needs_direct_fork
 def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
     """A launch that waits for a cold server imports torch._dynamo in the caller (a reader's
     first optimizer needs it) and has finished that import when it returns; a direct launch
