@@ -179,13 +179,13 @@ print("4 ranks, all-gather: identical bits:", four.replicas_identical(),
 
 # %% [markdown]
 # Explore: the number of replicas, the exchange and the number of steps. The explorer opens
-# on the run drawn above (the same replicas, exchange and steps), and each change runs real
-# ranks again.
+# on the settings of the run drawn above (its figure stays the one above until you move a
+# control), and each change runs real ranks again.
 
 # %%
 from parlab.experiments import book_step_explorer
 
-book_step_explorer(ranks=len(book.ranks), how=book.how, steps=book.spec.steps)
+book_step_explorer(ranks=len(book.ranks), how=book.how, steps=book.spec.steps, shown_above=True)
 
 # %% [markdown]
 # ## 3. Any PyTorch model, on several ranks

@@ -1,4 +1,5 @@
-"""parlab.viz.style.png draws a figure once and cuts it as savefig(bbox_inches="tight") does."""
+"""parlab.viz.style.png draws a figure once and cuts it as savefig(bbox_inches="tight") does;
+an explorer under a figure the page already shows does not draw it again."""
 import io
 
 import matplotlib
@@ -58,3 +59,27 @@ def test_png_of_a_figure_without_a_pyplot_canvas():
     fig = Figure(figsize=(2, 2))
     fig.add_subplot().plot([0, 1])
     assert png(fig).startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("shown_above", [False, True])
+def test_an_explorer_draws_its_default_view_once_or_not_where_the_page_shows_it(shown_above):
+    import ipywidgets as w
+
+    from parlab.viz import explore
+
+    calls = []
+
+    def draw(n):
+        calls.append(n)
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.plot(range(n))
+        return fig
+
+    slider = w.IntSlider(value=2, min=1, max=5)
+    explorer = explore(draw, {"n": slider}, "a line of n points", shown_above=shown_above)
+    assert calls == ([] if shown_above else [2])
+    live = explorer.widget.children[1]
+    said = "".join(o.get("text", "") for o in live.outputs)
+    assert ("move a control" in said) == shown_above
+    slider.value = 3  # a moved control draws in the live output, either way
+    assert calls[-1] == 3 and len(calls) == (1 if shown_above else 2)

@@ -133,11 +133,12 @@ def draw_book_step(ranks: int, how: str, steps: int):
 
 
 def book_step_explorer(ranks: int = 2, how: str = "all_gather",
-                       steps: int = FIGURE_8_2.steps) -> Explorer:
+                       steps: int = FIGURE_8_2.steps, shown_above: bool = False) -> Explorer:
     """Replicas (1, 2, 4), the exchange (all_gather or all_reduce), and training steps.
 
     The defaults are :func:`run_figure_8_2`'s, so the explorer opens on the step the chapter
-    draws just above it.
+    draws just above it; ``shown_above`` says the page shows that run already, which is then
+    neither run nor drawn again until a control moves (:func:`parlab.viz.explore`).
     """
     import ipywidgets as w
 
@@ -151,7 +152,8 @@ def book_step_explorer(ranks: int = 2, how: str = "all_gather",
                           description="exchange"),
         "steps": w.IntSlider(value=steps, min=1, max=10, description="steps"),
     }
-    return explore(draw_book_step, controls, "Figure 8-2 on real ranks (replicas, exchange, steps)")
+    return explore(draw_book_step, controls, "Figure 8-2 on real ranks (replicas, exchange, steps)",
+                   shown_above=shown_above)
 
 
 def two_gpu_links(nbytes: float, nic_gbps: float = NIC_GBPS,

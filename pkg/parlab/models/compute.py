@@ -157,7 +157,7 @@ def block_matmul_efficiency(config, tokens: int, tp: int = 1, element_bytes: int
     return sum(flops) / sum(slowdown)
 
 
-def matmul_rates(tokens=(1, 4, 16, 64, 256, 512), k: int = 4096, m: int = 4096,
+def matmul_rates(tokens=(1, 4, 16, 64, 256), k: int = 4096, m: int = 4096,
                  repeats: int = 2, dtype=None) -> list[tuple[int, float]]:
     """``(tokens, GFLOP/s)`` of ``torch.matmul`` on this machine's CPU for ``(tokens x k) @
     (k x m)``: the shape of the roofline, measured (best of ``repeats`` rounds after a warm-up;

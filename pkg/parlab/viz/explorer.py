@@ -2,6 +2,8 @@
 
 1. the figure at the default setting is shown as an ordinary output, so the notebook reads
    well where widgets do not render (GitHub, the HTML edition, a reader without a kernel);
+   where the chapter's cell above has just shown that very figure, nothing is drawn again
+   (``shown_above``): the page does not show it twice, nor the run behind it cost twice;
 2. below it, the controls and a live output that redraws when a control moves.
 
 The widget's plain-text face is a fixed sentence (:class:`Explorer`): nbval compares
@@ -54,12 +56,15 @@ class Explorer:
         return f"[interactive] {self.description}"
 
 
-def explore(draw: Callable, controls: dict, description: str, static: bool = True) -> Explorer:
+def explore(draw: Callable, controls: dict, description: str, static: bool = True,
+            shown_above: bool = False) -> Explorer:
     """Show ``draw(**defaults)`` as a static figure, then return a live explorer.
 
     ``draw`` takes the controls' values as keyword arguments and returns a matplotlib
     Figure (or None after printing text). ``controls`` maps argument names to ipywidgets
-    (sliders, dropdowns, ...); their initial values are the defaults.
+    (sliders, dropdowns, ...); their initial values are the defaults. ``shown_above``: the
+    page has just shown ``draw(**defaults)``'s output, so nothing is drawn until a control
+    moves, and the live output says where the default view is.
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
@@ -79,14 +84,17 @@ def explore(draw: Callable, controls: dict, description: str, static: bool = Tru
                 display(_png(result))
                 plt.close(result)
 
-    if static:
+    out = w.Output()
+    if shown_above:
+        out.append_stdout("This explorer's settings are those of the output above: move a "
+                          "control to redraw it here.\n")
+    elif static:
         fig = draw(**{name: control.value for name, control in controls.items()})
         if fig is not None:
             show(fig)
-    out = w.Output()
     for control in controls.values():
         control.observe(lambda change: render(out), names="value")
-    if not static:
+    if not (static or shown_above):
         render(out)
     box = w.VBox([w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), out])
     return Explorer(box, description, controls)
