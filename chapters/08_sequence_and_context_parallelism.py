@@ -375,14 +375,15 @@ glue("mem_cp16_8k", big["+ cp 16 ring (128K stage)"][0].total / 1e9, ".0f")
 # query heads, <span data-glue="llama_kv">8</span> key/value heads of width
 # <span data-glue="explorer_width">128</span>, bf16, one layer), for a sequence of up to
 # 512K tokens: each rank's bytes per pass for each method, the causal imbalance of each
-# layout, and for ring attention its steps. Try Ulysses against the ring at the default
-# number of ranks, then at twice as many: with few key/value heads, the ring sends less
-# until p grows.
+# layout, and for ring attention its steps. It opens on the zigzag layout, whose ring steps
+# section 3 did not draw (it drew the contiguous one's). Try Ulysses against the ring at the
+# default number of ranks, then at twice as many: with few key/value heads, the ring sends
+# less until p grows.
 
 # %%
 from parlab.viz.widgets import context_explorer
 
-context_explorer()
+context_explorer(layout="zigzag")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["remove-cell"]
 from parlab.viz.widgets.context import D_HEAD, HEADS

@@ -109,3 +109,18 @@ def test_book_tool_without_a_chapters_folder_says_so(tmp_path, capsys):
     assert book.main(["check", "--chapters", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert "no chapters folder at" in err and "--chapters DIR" in err and "Traceback" not in err
+
+
+def test_no_chapter_shows_one_titled_figure_twice():
+    """A figure's title (the ``parlab`` metadata that ``viz.show`` stores) appears once per
+    chapter: an explorer under a figure the page just showed opens on other settings, or
+    draws nothing until a control moves (``explore(shown_above=True)``)."""
+    import nbformat
+
+    for path in sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb")):
+        titles = [title for cell in nbformat.read(path, as_version=4).cells
+                  if cell.cell_type == "code" for output in cell.get("outputs", [])
+                  if "image/png" in output.get("data", {})
+                  if (title := output.get("metadata", {}).get("parlab", {}).get("title"))]
+        twice = sorted({t for t in titles if titles.count(t) > 1})
+        assert twice == [], f"{path.name} shows these figures twice: {twice}"
