@@ -2,6 +2,7 @@
 
 ``calculator`` (parameters, gradients, optimizer state, master weights and activations per GPU,
 for any precision, optimizer, data / tensor / pipeline / context split and ZeRO stage),
+``setup`` (every argument of an estimate or a measurement checked once, into one ``Setup``),
 ``fitting`` (the smallest GPU count that fits), ``ranks`` (every pipeline rank's estimate),
 ``breakdown`` (what an estimate or a measurement returns), ``modules`` and
 ``tracing`` (the estimate for any ``torch.nn.Module``: one training step traced with fake

@@ -63,121 +63,23 @@ import os
 from torch import nn
 
 from parlab.hardware import gpu_memory
-from parlab.memory.breakdown import (Breakdown, check_capacity, check_schedule, describe_setup,
-                                     ESTIMATED_SCHEDULES, Plan, Setup)
-from parlab.memory.decoders import (block_terms, check_dropout, check_sequence_split, CP_METHODS,
-                                    DECODERS, end_terms, tp_problem)
-from parlab.memory.modules import estimate_module, module_setup
-from parlab.memory.recompute import check_recompute, layer_activations
-from parlab.memory.states import (check_optimizer, check_precision, check_split, check_zero,
-                                  model_state_bytes)
-from parlab.memory.interleaved import held_bytes, interleave_problem
-from parlab.memory.stages import check_stage_layers, rank_layers, stage_layer_counts
+from parlab.memory.breakdown import (Breakdown, describe_setup, ESTIMATED_SCHEDULES, Plan,
+                                     Setup)
+from parlab.memory.decoders import block_terms, CP_METHODS, DECODERS, end_terms
+from parlab.memory.modules import estimate_module
+from parlab.memory.recompute import layer_activations
+from parlab.memory.setup import resolve_setup
+from parlab.memory.states import model_state_bytes
+from parlab.memory.interleaved import held_bytes
+from parlab.memory.stages import stage_layer_counts
 from parlab.memory.vshape import (held_parameters, layer_counts, V_SCHEDULES, v_breakdowns,
-                                  v_parameters, v_problem)
-from parlab.models import BookMLP, DeepSeekV3Config, get_config
-from parlab.checks import check_choice, check_count
+                                  v_parameters)
+from parlab.models import BookMLP, get_config
+from parlab.checks import check_count
 
 __all__ = ["ESTIMATED_SCHEDULES", "CP_METHODS", "Breakdown", "Plan", "Setup", "estimate",
            "rank_breakdowns", "activation_bytes", "activations_per_layer", "block_activations",
-           "resolve_setup", "describe_setup"]
-
-
-def resolve_setup(model, input_shape, optimizer, precision, dp, tp, pp, microbatches, schedule,
-                  gpu_memory_gb, zero=0, recompute=None, *, example_input=None, loss_fn=None,
-                  split_points=None, ep=1, cp=1, cp_method="ring",
-                  sequence_parallel=False, virtual_stages=1, stage_layers=None,
-                  dropout=False) -> Setup:
-    """Check every argument once, with an error that names the bad value and the valid ones.
-
-    A ``torch.nn.Module`` is checked by :func:`parlab.memory.modules.module_setup`;
-    ``example_input``, ``loss_fn``, ``split_points`` and ``ep`` are for modules only,
-    ``cp``, ``cp_method`` and ``sequence_parallel`` for transformer configs only,
-    ``stage_layers`` (:mod:`parlab.memory.stages`) for a config or a BookMLP, ``dropout``
-    (:func:`parlab.memory.decoders.block_terms`) for a GPT config."""
-    check_count("cp", cp, "context-parallel ranks")
-    check_choice("cp_method", cp_method, CP_METHODS)
-    if not isinstance(sequence_parallel, bool):
-        raise TypeError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
-    if (cp > 1 or sequence_parallel) and not isinstance(model, (str, dict, os.PathLike, *DECODERS)):
-        raise ValueError(f"cp={cp} and sequence_parallel={sequence_parallel} split a transformer "
-                         f"config's sequence (a TransformerConfig or LlamaConfig, or its name); "
-                         f"got {type(model).__name__}")
-    if isinstance(model, (str, dict, os.PathLike)):
-        model = get_config(model)
-    if isinstance(model, DeepSeekV3Config):
-        model.check_modelled("the memory calculator")
-    if not isinstance(model, (*DECODERS, BookMLP, nn.Module)):
-        raise TypeError(f"model must be a TransformerConfig or a LlamaConfig (or a config name, "
-                        f"a Hugging Face config dict or config.json path), a BookMLP, or any "
-                        f"torch.nn.Module, got {type(model).__name__}")
-    check_dropout(model, dropout, cp)
-    precision = check_precision(precision)
-    optimizer = check_optimizer(optimizer)
-    check_schedule(schedule)
-    check_zero(zero)
-    check_recompute(recompute)
-    capacity = check_capacity(gpu_memory_gb)
-    if isinstance(model, nn.Module):
-        if stage_layers is not None:
-            raise ValueError(f"stage_layers={stage_layers!r} counts a config's layers; a "
-                             f"torch.nn.Module's stages are cut at split_points (child indices)")
-        if schedule in V_SCHEDULES or virtual_stages != 1:
-            raise ValueError(f"schedule={schedule!r}, virtual_stages={virtual_stages!r}: a "
-                             f"torch.nn.Module takes 1f1b, gpipe or zb-h1 with one chunk per rank")
-        return module_setup(model, input_shape, example_input, precision, optimizer, dp, tp, pp,
-                            microbatches, schedule, capacity, zero, recompute, loss_fn,
-                            split_points, ep)
-    extra = [k for k, v in (("example_input", example_input), ("loss_fn", loss_fn),
-                            ("split_points", split_points)) if v is not None]
-    if ep != 1:
-        raise ValueError(f"ep={ep!r}: expert parallelism is modelled for a torch.nn.Module with "
-                         f"MoE layers (a config with experts is not modelled yet); a config "
-                         f"takes ep=1")
-    if extra:
-        raise ValueError(f"{', '.join(extra)}: for a torch.nn.Module only; a config or a BookMLP "
-                         f"takes input_shape")
-    if isinstance(input_shape, (tuple, list)) and input_shape:
-        shape = tuple(input_shape)
-    elif isinstance(input_shape, int) and not isinstance(input_shape, bool):
-        shape = (input_shape,)
-    else:
-        raise ValueError(f"input_shape must be the global batch as a tuple of ints, (batch, "
-                         f"seq) for a transformer or (batch,) for an MLP, got {input_shape!r}")
-    decoder = isinstance(model, DECODERS)
-    if decoder:
-        if len(shape) != 2:
-            raise ValueError(f"a transformer's input_shape is (batch, seq), got {input_shape!r}")
-        batch, seq = shape
-        check_count("seq", seq)
-        if seq > model.context:
-            raise ValueError(f"seq={seq} exceeds {model.name}'s context of {model.context}")
-    else:
-        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != model.sizes[0]):
-            raise ValueError(f"an MLP's input_shape is (batch,) or (batch, {model.sizes[0]}), "
-                             f"got {input_shape!r}")
-        batch, seq = shape[0], 1
-    check_split(batch, dp, tp, pp, microbatches)
-    layers = model.n_layers if decoder else len(model.layers)
-    if pp > layers:
-        raise ValueError(f"pp={pp} stages for {layers} layers: at most one stage per layer")
-    stage_layers = check_stage_layers(stage_layers, layers, pp, getattr(model, "name", "the model"))
-    rank_layers(layers, pp, schedule, virtual_stages, stage_layers)  # one chunk per rank
-    for problem in (v_problem(schedule, pp, microbatches, layers),
-                    interleave_problem(schedule, pp, microbatches, virtual_stages, layers)):
-        if problem:
-            raise ValueError(problem)
-    if decoder and tp_problem(model, tp):
-        raise ValueError(tp_problem(model, tp))
-    if decoder:
-        check_sequence_split(model, seq, tp, cp, cp_method, sequence_parallel, recompute)
-    if not decoder and tp != 1:
-        raise ValueError(f"tensor parallelism is modelled for transformer configs; "
-                         f"use tp=1 for {model!r}")
-    return Setup(model, batch, seq, precision, optimizer, dp, tp, pp, microbatches, schedule,
-                 capacity, zero, recompute, cp=cp, cp_method=cp_method,
-                 sequence_parallel=sequence_parallel, virtual_stages=virtual_stages,
-                 stage_layers=stage_layers, dropout=dropout)
+           "describe_setup"]
 
 
 def _micro(model, batch, seq, precision, tp=1, pp=1, recompute=None, **split) -> Setup:
@@ -214,7 +116,15 @@ def _stage_activations(model, batch, seq, precision, tp, stage, pp, recompute,
                **split)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be an int in 0..{pp - 1} (pp={pp}), got {stage!r}")
-    per_layer = list(_per_layer(s, batch, seq, tp).values())
+    return _checked_stage_activations(s, batch, seq, tp, stage, pp, recompute)
+
+
+def _checked_stage_activations(s: Setup, batch: int, seq: int, tp: int, stage: int, pp: int,
+                               recompute) -> tuple[int, int]:
+    """:func:`_stage_activations` of a checked :class:`Setup` ``s`` (its model, precision,
+    stage layers and sequence split; not its batch or its pp): the estimate's inner loop,
+    which checked its arguments once, for the whole job, instead of per stage."""
+    per_layer = _layer_bytes(s, batch, seq, tp)
     # the first and last entries of per_layer are the two ends
     counts = stage_layer_counts(len(per_layer) - 2, pp, s.stage_layers)
     start = 1 + sum(counts[:stage])
@@ -246,17 +156,24 @@ def activations_per_layer(model, batch: int, seq: int = 1, precision: str = "fp3
 
 def _per_layer(s: Setup, batch: int, seq: int, tp: int) -> dict[str, int]:
     """:func:`activations_per_layer` of a checked one-micro-batch :class:`Setup` ``s``."""
+    values = _layer_bytes(s, batch, seq, tp)
+    first, layer, last = (("input", "layer", "loss") if isinstance(s.model, BookMLP)
+                          else ("embedding", "block", "head"))
+    names = [first] + [f"{layer} {i}" for i in range(1, len(values) - 1)] + [last]
+    return dict(zip(names, values))
+
+
+def _layer_bytes(s: Setup, batch: int, seq: int, tp: int) -> list[int]:
+    """:func:`_per_layer`'s values in order: the input end, each layer, the loss end."""
     e, m, sequence_parallel, cp, cp_method = (s.precision.bytes, s.model, s.sequence_parallel,
                                               s.cp, s.cp_method)
     if isinstance(m, BookMLP):
-        out = {"input": batch * m.sizes[0] * e}
-        out |= {f"layer {i}": batch * n * e for i, n in enumerate(m.sizes[1:], start=1)}
-        return out | {"loss": batch * m.sizes[-1] * e}
+        return [batch * m.sizes[0] * e] + [batch * n * e for n in m.sizes[1:]] \
+            + [batch * m.sizes[-1] * e]
     block = sum(block_terms(m, batch, seq, e, tp, sequence_parallel, cp, cp_method,
                             s.dropout).values())
     embedding, head = end_terms(m, batch, seq // cp, e, tp, s.dropout, sequence_parallel)
-    return {"embedding": embedding} | {f"block {i}": block for i in range(1, m.n_layers + 1)} \
-        | {"head": head}
+    return [embedding] + [block] * m.n_layers + [head]
 
 
 def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
@@ -306,10 +223,8 @@ def block_activations(model, batch: int, seq: int = 1, precision: str = "fp32",
 def _stage_breakdown(s: Setup, stage: int, label: str) -> Breakdown:
     states = model_state_bytes(held_parameters(s, stage), s.optimizer, s.precision.name,
                                s.dp * s.cp, s.zero)
-    kept, rebuilt = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name, s.tp,
-                                       stage, s.pp, s.recompute, s.stage_layers, cp=s.cp,
-                                       cp_method=s.cp_method,
-                                       sequence_parallel=s.sequence_parallel, dropout=s.dropout)
+    kept, rebuilt = _checked_stage_activations(s, s.micro_batch, s.seq, s.tp, stage, s.pp,
+                                               s.recompute)
     ends = end_terms(s.model, s.micro_batch, s.seq // s.cp, s.precision.bytes, s.tp,
                      s.dropout, s.sequence_parallel) \
         if isinstance(s.model, DECODERS) else (0, 0)
@@ -329,10 +244,8 @@ def rank_breakdowns(s: Setup, label: str) -> list[Breakdown]:
     def chunk(k: int) -> tuple[int, int]:  # chunks alike in layers and ends save alike
         key = k if mlp else (counts[k], k == 0, k == K - 1)
         if key not in known:
-            known[key] = _stage_activations(s.model, s.micro_batch, s.seq, s.precision.name,
-                                            s.tp, k, K, s.recompute, None, cp=s.cp,
-                                            cp_method=s.cp_method, dropout=s.dropout,
-                                            sequence_parallel=s.sequence_parallel)
+            known[key] = _checked_stage_activations(s._replace(stage_layers=None), s.micro_batch,
+                                                    s.seq, s.tp, k, K, s.recompute)
         return known[key]
 
     return v_breakdowns(s, label, chunk, lambda r: v_parameters(s, r))

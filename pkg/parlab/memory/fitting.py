@@ -14,7 +14,8 @@ from torch import nn
 from parlab.checks import check_count
 from parlab.hardware import gpu_memory
 from parlab.memory.breakdown import describe_setup, Plan
-from parlab.memory.calculator import estimate, resolve_setup
+from parlab.memory.calculator import estimate
+from parlab.memory.setup import resolve_setup
 from parlab.memory.decoders import DECODERS, tp_problem
 from parlab.memory.modules import module_pricer
 from parlab.memory.tracing import module_children

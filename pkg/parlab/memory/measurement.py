@@ -18,7 +18,7 @@ from torch import nn
 
 from parlab.hardware import gpu_memory
 from parlab.memory.breakdown import Breakdown, describe_setup, Setup
-from parlab.memory.calculator import resolve_setup
+from parlab.memory.setup import resolve_setup
 from parlab.memory.tracing import default_loss, failure_message
 from parlab.memory.decoders import DECODERS
 from parlab.memory.vshape import V_SCHEDULES

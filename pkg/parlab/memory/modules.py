@@ -174,7 +174,7 @@ def _stage_parameters(model: nn.Module, stage: range, first: bool, ep: int = 1) 
 
 def estimate_module(s: Setup, label: str) -> Breakdown:
     """The busiest pipeline stage of a module's job ``s`` (from
-    :func:`parlab.memory.calculator.resolve_setup`), traced once for one micro-batch.
+    :func:`parlab.memory.setup.resolve_setup`), traced once for one micro-batch.
 
     What :func:`parlab.memory.estimate` takes for a module: ``input_shape`` (one float input of
     that shape) or ``example_input`` (a tensor or a tuple of tensors; only shapes and dtypes

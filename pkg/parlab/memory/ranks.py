@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from parlab.hardware import GPU_MEMORY_GB
 from parlab.memory.breakdown import Breakdown, describe_setup
-from parlab.memory.calculator import rank_breakdowns, resolve_setup
+from parlab.memory.calculator import rank_breakdowns
+from parlab.memory.setup import resolve_setup
 from parlab.memory.decoders import DECODERS
 from parlab.models import BookMLP
 

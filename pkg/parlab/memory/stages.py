@@ -33,7 +33,8 @@ V_SCHEDULES = ("zbv", "dualpipev")
 
 def layer_counts(n: int, parts: int) -> list[int]:
     """n layers over ``parts`` stages as evenly as possible, the extra ones first."""
-    return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
+    whole, extra = divmod(n, parts)
+    return [whole + 1] * extra + [whole] * (parts - extra)
 
 
 def check_stage_layers(stage_layers, layers: int, pp: int, what: str = "the model") -> tuple | None:
