@@ -4,7 +4,7 @@ Everything the chapters say about bytes on wires lives here: ``toy`` (the logged
 ``traffic`` (a run's merged log and its time on a topology), ``cost`` (every collective's
 closed form, one formula each), ``topology`` (GPU names, NVLink, rails and the spine),
 ``mesh`` (the data x pipeline x tensor rank grid and its process groups, used by every hybrid
-run), ``all_to_all`` (the all-to-all that autograd goes through, for experts and Ulysses), ``collectives`` (chapter 00's checked collectives) and ``trace`` (all ranks' spans, as
+run, and ``default_mesh``, every rank on one dimension), ``all_to_all`` (the all-to-all that autograd goes through, for experts and Ulysses), ``collectives`` (chapter 00's checked collectives) and ``trace`` (all ranks' spans, as
 :mod:`parlab.launch` records them, as a Chrome trace for Perfetto). Imports only
 :mod:`parlab.launch`.
 """
@@ -18,7 +18,7 @@ from parlab.comm.topology import (
     LINK_TYPES, NETWORK_SWITCHES, NVLINK, figure_8_19, gpu_name, link_type, LinkSpec, nic,
     rail_optimized, rank_of, ROUTES, Topology
 )
-from parlab.comm.mesh import GROUP_KINDS, Coordinates, Mesh
+from parlab.comm.mesh import GROUP_KINDS, Coordinates, default_mesh, Mesh
 from parlab.comm.collectives import COLLECTIVES, one_collective
 from parlab.comm.all_to_all import all_to_all
 from parlab.comm import toy
@@ -29,5 +29,6 @@ __all__ = ["Transfer", "TrafficLog", "ALGORITHMS", "ring_wire_bytes", "allreduce
            "allreduce_steps", "allreduce_time", "bus_bandwidth", "LinkSpec", "NVLINK", "nic",
            "Topology", "rail_optimized", "figure_8_19", "gpu_name", "rank_of", "link_type",
            "LINK_TYPES", "ROUTES", "NETWORK_SWITCHES", "Mesh", "Coordinates", "GROUP_KINDS",
+           "default_mesh",
            "COLLECTIVES", "one_collective", "all_to_all",
            "toy", "run_with_traffic", "chrome_trace", "load_trace", "trace_summary"]

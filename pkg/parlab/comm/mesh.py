@@ -12,6 +12,9 @@ replica, then the replicas. This is Megatron-LM's order, and the one torchtitan'
 place of ``pp``; unlike picotron's process-group manager, a :class:`Mesh` is a plain value
 that a function receives, not a global that a process holds.
 
+:func:`default_mesh` is the one-dimensional case: every rank of the world on one dimension,
+what DTensor's tensor-parallel plans and FSDP2 take when a chapter splits over all ranks.
+
 A :class:`Mesh` is only arithmetic (no process group), so the planner and the figures use
 it without ranks. Inside a job, :meth:`Mesh.build` makes the PyTorch
 :class:`~torch.distributed.device_mesh.DeviceMesh` (dimensions ``dp``, ``pp``, ``cp``,
@@ -37,7 +40,7 @@ import torch.distributed as dist
 from parlab.checks import check_count
 from parlab.launch import rank_device
 
-__all__ = ["Mesh", "Coordinates", "GROUP_KINDS", "MESH_DIMS"]
+__all__ = ["Mesh", "Coordinates", "GROUP_KINDS", "MESH_DIMS", "default_mesh"]
 
 #: The mesh dimensions, outermost first, and the kind of group each one's sub-meshes hold.
 MESH_DIMS = {"dp": "data", "pp": "pipeline", "cp": "context", "tp": "tensor"}
@@ -204,3 +207,20 @@ class Mesh:
     def groups(self, device_mesh) -> dict:
         """This rank's process group of each kind (``"tensor"``, ...), from :meth:`build`'s mesh."""
         return {kind: device_mesh[dim].get_group() for dim, kind in MESH_DIMS.items()}
+
+
+def default_mesh():
+    """A 1-D DeviceMesh over every rank of the default group, on the ranks' own device
+    (:func:`parlab.launch.rank_device`), with a clear error on a backend whose groups have no
+    name (DeviceMesh needs one)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    try:
+        return init_device_mesh(rank_device().type, (dist.get_world_size(),))
+    except RuntimeError as err:
+        if "name not set" not in str(err):
+            raise
+        raise RuntimeError(f"PyTorch's DeviceMesh needs the process group's group_name, which "
+                           f"backend {dist.get_backend()!r} does not provide under torch "
+                           f"{torch.__version__}; run this variant with backend 'gloo', "
+                           f"'nccl' or 'toy'") from err

@@ -40,7 +40,7 @@ from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.sources import restore_origins
 from parlab.launch.spans import recording
 
-__all__ = ["rank_main", "in_rank", "process_group_backend"]
+__all__ = ["rank_main", "in_rank", "process_group_backend", "is_launch_backend"]
 
 _LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
@@ -107,6 +107,12 @@ def process_group_backend(backend: str) -> str:
     machine), so a rank function written for the CPU runs unchanged where each rank has a
     GPU; every other backend as it is."""
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
+def is_launch_backend(name, backend: str) -> bool:
+    """Whether a process group asked for (or made) with backend ``name`` is the one a launch
+    on ``backend`` makes: that name, or :func:`process_group_backend`'s."""
+    return str(name).lower() in (backend, process_group_backend(backend))
 
 
 def rank_main(rank, world_size, backend, store_path, timeout_s, threads, payload, result_conn,
@@ -232,8 +238,7 @@ def _join_instead_of_init(launch_group, backend, rank, world_size) -> None:
         asked = dict(zip(("backend", "init_method", "timeout", "world_size", "rank"), args))
         asked.update(kwargs)
         wanted = asked.get("backend")
-        if wanted is not None and str(wanted).lower() not in (backend,
-                                                             process_group_backend(backend)):
+        if wanted is not None and not is_launch_backend(wanted, backend):
             raise ValueError(
                 f"init_process_group({wanted!r}) inside parlab.launch.run: the launch already "
                 f"made the process group with backend {backend!r}. Ask run() for it: "

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.launch.errors import RankError
-from parlab.launch.rank import in_rank, process_group_backend
+from parlab.launch.rank import in_rank, is_launch_backend, process_group_backend
 from parlab.launch.reports import collect_reports, start_reports
 from parlab.launch.result import Run
 from parlab.launch.spans import recording
@@ -125,7 +125,7 @@ def _join(backend: str, timeout: float) -> None:
     ours = _group["pg"] is not None and dist.is_initialized() and dist.group.WORLD is _group["pg"]
     if dist.is_initialized() and not ours:
         current = str(dist.get_backend()).lower()
-        if current not in (backend, process_group_backend(backend)):
+        if not is_launch_backend(current, backend):
             raise ValueError(
                 f"run(..., backend={backend!r}) under torchrun, but this script already made "
                 f"the process group with backend {current!r}; pass backend={current!r}, or let "

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parlab.comm import toy, TrafficLog
+from parlab.comm import default_mesh, toy, TrafficLog
 from parlab.launch import rank_device
 from parlab.sharded.flat import parameter_layers
 from parlab.sharded.runs import (
@@ -54,14 +54,13 @@ def _slices(model) -> list[torch.Tensor]:
 
 def fsdp_rank(spec: ZeroSpec) -> RankResult:
     """Runs on every rank: ``spec.steps`` steps with ``fully_shard`` on every layer."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     # the mesh of the ranks' own device: FSDP2's default mesh is on CUDA whenever a GPU is
     # present and puts rank r on GPU r, which fails on gloo ranks beside fewer GPUs than ranks
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = default_mesh()
     model = make_zero_model(spec).to(device)
     for layer in parameter_layers(model):
         fully_shard(layer, mesh=mesh)

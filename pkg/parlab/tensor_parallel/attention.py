@@ -284,7 +284,7 @@ def dtensor_attention(ref: SelfAttention, mesh=None, prepare_input: bool = True)
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, parallelize_module)
-    from parlab.tensor_parallel.dtensor import default_mesh
+    from parlab.comm import default_mesh
     mesh = default_mesh() if mesh is None else mesh
     check_degree(mesh.size(), ref.n_heads, "attention heads")
     module = copy.deepcopy(ref)

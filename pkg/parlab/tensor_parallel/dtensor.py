@@ -8,8 +8,6 @@ by DTensors (a local shard plus its placement on a DeviceMesh) and inserts the c
 at the layers' edges. Putting both side by side on the same weights shows that they are one
 idea: the same slices, the same collectives, the same bytes.
 
-- :func:`default_mesh`: a 1-D DeviceMesh over every rank, with a clear error on a backend
-  whose groups have no name (DeviceMesh needs one).
 - :func:`dtensor_mlp`: a copy of an MLP with ``ColwiseParallel`` on its first linear layer
   and ``RowwiseParallel`` on its second (:func:`parlab.tensor_parallel.dtensor_attention`
   does the same for self-attention).
@@ -23,29 +21,12 @@ from __future__ import annotations
 
 import copy
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
-from parlab.launch import rank_device
+from parlab.comm import default_mesh
 from parlab.tensor_parallel.sharding import check_degree, shard_spec
 
-__all__ = ["default_mesh", "dtensor_mlp", "dtensor_local_grads",
-           "collective_wire_bytes"]
-
-
-def default_mesh():
-    """A 1-D DeviceMesh over every rank of the default group (CUDA under NCCL, else CPU)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    try:
-        return init_device_mesh(rank_device().type, (dist.get_world_size(),))
-    except RuntimeError as err:
-        if "name not set" not in str(err):
-            raise
-        raise RuntimeError(f"PyTorch's DeviceMesh needs the process group's group_name, which "
-                           f"backend {dist.get_backend()!r} does not provide under torch "
-                           f"{torch.__version__}; run this variant with backend 'gloo', "
-                           f"'nccl' or 'toy'") from err
+__all__ = ["dtensor_mlp", "dtensor_local_grads", "collective_wire_bytes"]
 
 
 def _linear(module: nn.Module, name: str, role: str) -> nn.Linear:
@@ -67,7 +48,7 @@ def dtensor_mlp(mlp: nn.Module, mesh=None, column: str = "fc1", row: str = "fc2"
     ``g``); its bias is replicated and added once. In the backward pass the first layer's
     replicated input receives partial gradients, which are all-reduced (Megatron's ``f``).
     ``column`` and ``row`` name the two layers (``"0"`` and ``"2"`` in an ``nn.Sequential``);
-    ``mesh`` defaults to :func:`default_mesh`. Every rank passes the same full ``mlp``.
+    ``mesh`` defaults to :func:`parlab.comm.default_mesh`. Every rank passes the same full ``mlp``.
     """
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
