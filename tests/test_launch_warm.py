@@ -1,8 +1,8 @@
 """The first launch does not wait for the forkserver: it warms in the background.
 
 Until the server is warm, ranks are forked from the caller itself (when that is safe); they
-must start exactly as ranks forked from the server do. The server warms after a notebook's
-import cell, and never in a plain import, a tool or under torchrun.
+must start exactly as ranks forked from the server do. The server warms from a notebook's
+import of parlab.launch on, and never in a plain import, a tool or under torchrun.
 """
 import os
 import subprocess
@@ -170,21 +170,46 @@ def _fake_kernel(monkeypatch, kernel=True):
     return shell, started
 
 
-def test_a_kernel_warms_after_the_import_cell(monkeypatch):
+def test_a_kernel_warms_while_its_import_cell_runs(monkeypatch):
+    monkeypatch.setattr(server, "_preload", list(server._preload))
+    monkeypatch.setattr(server, "_forkserver_ready", False)
     shell, started = _fake_kernel(monkeypatch)
-    assert server.warm_after_import_cell()
-    assert started == []  # nothing during the import cell itself
-    [(event, callback)] = shell.events.callbacks
-    assert event == "post_run_cell"
-    callback(None)
-    assert started == [1] and shell.events.callbacks == []  # once
+    assert server.warm_in_notebook()
+    assert started == [1]  # at once, not after the cell: the cell's own work overlaps it
+    assert shell.events.callbacks == [] and "parlab.experiments" in server._preload
 
 
 @pytest.mark.parametrize("where", ["terminal IPython", "torchrun or a rank"])
 def test_no_warming_outside_a_notebook_kernel(monkeypatch, where):
     shell, started = _fake_kernel(monkeypatch, kernel=where == "torchrun or a rank")
-    assert not server.warm_after_import_cell(launches_here=where == "terminal IPython")
+    assert not server.warm_in_notebook(launches_here=where == "terminal IPython")
     assert shell.events.callbacks == [] and started == []
+
+
+def test_preload_after_the_server_started_starts_it_again_with_the_modules():
+    """A chapter's import cell starts the server (importing parlab.launch) and then asks for
+    more modules: the server, still importing, is replaced by one that preloads them too (its
+    ranks have them without importing them), and the first one is gone. Once the server forks
+    ranks, it is too late: preload says so."""
+    out = _python("""
+        import os, sys
+        from multiprocessing import forkserver
+        from parlab.launch import run, server
+        server.warm()  # what a notebook's import of parlab.launch does
+        first = forkserver._forkserver._forkserver_pid
+        print(server.preload("wsgiref.simple_server"), server.preload("wsgiref.simple_server"))
+        second = forkserver._forkserver._forkserver_pid
+        def has():
+            return "wsgiref.simple_server" in sys.modules
+        print(list(run(has, 2)), second != first)
+        try:
+            os.kill(first, 0)
+            print("the first server still runs")
+        except ProcessLookupError:
+            print("gone")
+        print(server.preload("xmlrpc.server"), list(run(lambda: "xmlrpc.server" in sys.modules, 1)))
+    """)
+    assert out.split("\n")[:4] == ["True True", "[True, True] True", "gone", "False [False]"], out
 
 
 def test_a_real_kernel_is_warm_before_its_first_launch():
@@ -228,6 +253,7 @@ def test_preload_checks_a_name_without_importing_it_or_its_packages(monkeypatch)
     """A chapter preloads ``torch.distributed.tensor.parallel`` for its ranks; checking that
     the name exists must not import ``torch.distributed.tensor`` into the kernel (1 s)."""
     monkeypatch.setattr(server, "_forkserver_ready", True)  # checked, not added to a server
+    monkeypatch.setattr(server, "_warming", [])  # (and no server of this process restarted)
     unused = [name for name in ("wsgiref", "xmlrpc") if name not in sys.modules]
     server.preload("wsgiref.simple_server", "xmlrpc.server", "os.path", "json.decoder")
     assert [name for name in unused if name in sys.modules] == []

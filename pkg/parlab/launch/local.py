@@ -36,7 +36,7 @@ from parlab.launch.result import Run
 from parlab.launch.forking import direct_fork_safe
 from parlab.launch.server import (ForkedRankProcess, RankProcess,
                                   import_for_ranks, import_while_waiting, is_started, warm,
-                                  warm_after_import_cell)
+                                  warm_in_notebook)
 from parlab.launch.sources import code_origins, for_the_reader
 from parlab.launch.spares import (enable as keep_spares, enabled as keeps_spares, refill,
                                   send_job, take)
@@ -99,9 +99,9 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise error.with_traceback(None)  # the rank's traceback is in the message
 
 
-# in a notebook kernel the server warms once the import cell has run, and ranks are forked
-# ahead of each launch (parlab.launch.spares)
-if warm_after_import_cell(launches_here=not (under_torchrun() or in_rank())):
+# in a notebook kernel the server warms from this import on, and ranks are forked ahead of
+# each launch (parlab.launch.spares)
+if warm_in_notebook(launches_here=not (under_torchrun() or in_rank())):
     keep_spares()
 
 #: The torch seed of ranks forked from this process (random, like the server's, and shared).

@@ -11,9 +11,9 @@ preparation data of multiprocessing minus the main module (loky/joblib do the sa
 
 Who forks the ranks: the server is a new Python process that imports torch (and
 ``torch._dynamo``, parlab, ...) before it can fork anything, which takes longer than the
-caller's own ``import torch``. In a notebook kernel it warms in the background as soon as the
-cell that imported :mod:`parlab.launch` has run, while the reader reads, and forks every
-launch's ranks (and the spares of :mod:`parlab.launch.spares`). Elsewhere (a script,
+caller's own ``import torch``. In a notebook kernel it warms in the background as soon as
+:mod:`parlab.launch` is imported, while the rest of that cell runs and the reader reads, and
+forks every launch's ranks (and the spares of :mod:`parlab.launch.spares`). Elsewhere (a script,
 ``python -c``, a test process) nothing starts it while the caller can fork its ranks itself
 (:func:`parlab.launch.forking.direct_fork_safe` says when that is as safe as the server:
 Linux, no GPU, one thread per rank, autograd that survives a fork): no launch waits for a
@@ -43,7 +43,7 @@ except ImportError:  # no forkserver on this platform (Windows): parlab imports,
     popen_forkserver = None
 
 __all__ = ["preload", "context", "RankProcess", "ForkedRankProcess", "warm", "is_warm", "is_started",
-           "warm_after_import_cell", "import_while_waiting", "import_for_ranks"]
+           "warm_in_notebook", "import_while_waiting", "import_for_ranks"]
 
 _forkserver_ready = False
 _warm = threading.Event()  # set once the server has forked a process: it is fully preloaded
@@ -68,15 +68,24 @@ def preload(*modules: str) -> bool:
     Ranks are forked from a server that already imported torch and parlab. A chapter whose
     ranks use a heavy module (``torch.distributed.tensor``, ``torch.distributed.pipelining``)
     calls this first, so each launch does not import it again in every rank (seconds per
-    launch on a small machine). Returns False when the server is already running: the
-    modules are then imported by each rank as usual, which is slower but still correct.
+    launch on a small machine). A notebook's server starts while ``parlab.launch`` is
+    imported (:func:`warm_in_notebook`); called before it is warm, this starts it again with
+    the modules added (nothing was forked from it yet). Returns False when the server already
+    forks ranks: the modules are then imported by each rank as usual, slower but correct.
     """
     for name in modules:  # a typo fails here, not inside every rank
         if not _module_exists(name):
             raise ModuleNotFoundError(f"preload: no module named {name!r}", name=name)
-    if _forkserver_ready:
+    if all(m in _preload for m in modules):
+        return True
+    restart = _forkserver_ready and _warming and not _warm.is_set()
+    if _forkserver_ready and not restart:
         return False
+    if restart:  # a notebook's server, started at the import and still importing: again
+        _discard_cold_server()
     _preload.extend(m for m in modules if m not in _preload)
+    if restart:
+        warm()
     return True
 
 
@@ -248,6 +257,7 @@ def warm() -> None:
     thread = threading.Thread(target=start_one, name="parlab-forkserver-warm", daemon=True)
     _warming.append(thread)
     thread.start()
+    atexit.unregister(_stop_cold_server)  # once, also when preload() started it again
     atexit.register(_stop_cold_server)
 
 
@@ -275,35 +285,54 @@ def is_started() -> bool:
 
 
 #: What a notebook's server imports besides :data:`_preload` and the caller's parlab modules.
-#: The server starts right after the cell that imported :mod:`parlab.launch`, often before
-#: the chapter imports its experiments; their ranks then imported ``parlab.experiments``
-#: (matplotlib and every chapter's module with it) in every rank of every launch: 1.2 s a
-#: launch of 2 ranks on 2 cores, chapter 04's sixteen launches 1.0-1.9 s each instead of 0.2.
+#: The server starts while :mod:`parlab.launch` is imported, before the chapter imports its
+#: experiments; their ranks then imported ``parlab.experiments`` (matplotlib and every
+#: chapter's module with it) in every rank of every launch: 1.2 s a launch of 2 ranks on 2
+#: cores, chapter 04's sixteen launches 1.0-1.9 s each instead of 0.2.
 _NOTEBOOK_PRELOAD = ("parlab.experiments",)
 
 
-def warm_after_import_cell(launches_here: bool = True) -> bool:
-    """In a notebook kernel, start warming the server after the current cell has run.
+def warm_in_notebook(launches_here: bool = True) -> bool:
+    """In a notebook kernel, start warming the server now, while the cell that imported
+    :mod:`parlab.launch` goes on.
 
     Only there: a reader imports parlab in the first cell and launches ranks soon after, so
-    the server imports torch while the reader reads. Not in a plain script, a maintainers'
-    tool or a test process, where an import does not mean a launch will follow; not where
-    ``launches_here`` is False (under torchrun, whose workers need no server, or inside a
-    rank: :mod:`parlab.launch.local` says). Returns whether it registered.
+    the server imports torch while the kernel runs the rest of that cell (a chapter's first
+    cell imports more, builds a model, counts FLOPs: seconds that the server's own imports,
+    on another core, now overlap) and while the reader reads. Not in a plain script, a
+    maintainers' tool or a test process, where an import does not mean a launch will follow;
+    not where ``launches_here`` is False (under torchrun, whose workers need no server, or
+    inside a rank: :mod:`parlab.launch.local` says). Returns whether it started warming.
     """
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if (shell is None or getattr(shell, "kernel", None) is None or RankProcess is None
             or not launches_here):
         return False
-
-    def after_cell(result=None):
-        shell.events.unregister("post_run_cell", after_cell)
-        preload(*_NOTEBOOK_PRELOAD)
-        warm()
-
-    shell.events.register("post_run_cell", after_cell)
+    preload(*_NOTEBOOK_PRELOAD)
+    warm()
     return True
+
+
+def _discard_cold_server() -> None:
+    """Kill the server while it still imports (no rank was forked from it) and forget it, so
+    that the next :func:`warm` starts one with the current preload list."""
+    global _forkserver_ready
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    with server._lock:  # no start of a process in between
+        if server._forkserver_pid:
+            try:
+                os.kill(server._forkserver_pid, signal.SIGKILL)
+                server._stop_unlocked()  # closes its "alive" pipe, reaps it
+            except OSError:
+                server._forkserver_pid = None
+    for thread in _warming:  # its start fails at once: the server is gone
+        thread.join(10)
+    _warming.clear()
+    _warm.clear()
+    _forkserver_ready = False
 
 
 def reset_after_fork() -> None:

@@ -11,7 +11,7 @@ largest launch so far (at most :data:`MAX_SPARES`), while the reader reads the o
 next cell runs.
 
 Only where :func:`enable` was called: in a notebook kernel (:mod:`parlab.launch.local` calls
-it where the server warms after the import cell), where a reader waits on many small
+it where the server warms at its import), where a reader waits on many small
 launches. A spare waits for its job on the same pipe that tells a rank its caller is gone:
 the caller closes it after the launch, or by exiting, and an unused spare exits on that.
 The job carries the caller's working directory and ``sys.path`` at launch time, which a
