@@ -94,23 +94,43 @@ def test_a_scripts_launches_fork_from_the_caller_and_start_like_a_server_rank():
 def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
     """A launch that waits for a cold server imports torch._dynamo in the caller (a reader's
     first optimizer needs it) and has finished that import when it returns; a direct launch
-    (forked from the caller) imports nothing in the background, nor does a warm one."""
+    (forked from the caller) imports nothing in the background, nor does a warm one.
+
+    Also preload() after the server started (a chapter's import cell imports parlab.launch,
+    which starts it, then asks for more modules): the server, still importing, is replaced
+    by one that preloads them too (its ranks have them without importing them) and the first
+    one is gone; once the server forks ranks it is too late, and preload says so."""
     out = _python("""
-        import sys, threading
+        import os, sys, threading
         import torch.distributed as dist
+        from multiprocessing import forkserver
         from parlab.launch import run, server
 
         def fn():
             return dist.get_rank()
 
+        def preloaded(name):
+            return name in sys.modules
+
         direct = run(fn, 2, threads=1)  # cold, one thread a rank: forked from the caller
         after_direct = "torch._dynamo" in sys.modules
-        waited = run(fn, 2, threads=2)  # not forked from the caller: starts the server, waits
+        server.warm()  # what a notebook's import of parlab.launch does
+        first = forkserver._forkserver._forkserver_pid
+        print(server.preload("wsgiref.simple_server"), server.preload("wsgiref.simple_server"))
+        # not forked from the caller (two threads a rank): waits for the server
+        waited = run(preloaded, 2, "wsgiref.simple_server", threads=2)
         names = [t.name for t in threading.enumerate()]
         print(list(direct), after_direct, list(waited), "torch._dynamo" in sys.modules,
               "parlab-import-while-waiting" in names, server.import_while_waiting())
+        try:
+            os.kill(first, 0)
+            print("the first server still runs")
+        except ProcessLookupError:
+            print("gone")
+        print(server.preload("xmlrpc.server"), list(run(preloaded, 1, "xmlrpc.server")))
     """)
-    assert out.split() == ["[0,", "1]", "False", "[0,", "1]", "True", "False", "None"], out
+    assert out.splitlines() == ["True True", "[0, 1] False [True, True] True False None",
+                                "gone", "False [False]"], out
 
 
 def test_direct_fork_only_when_safe():
@@ -184,32 +204,6 @@ def test_no_warming_outside_a_notebook_kernel(monkeypatch, where):
     shell, started = _fake_kernel(monkeypatch, kernel=where == "torchrun or a rank")
     assert not server.warm_in_notebook(launches_here=where == "terminal IPython")
     assert shell.events.callbacks == [] and started == []
-
-
-def test_preload_after_the_server_started_starts_it_again_with_the_modules():
-    """A chapter's import cell starts the server (importing parlab.launch) and then asks for
-    more modules: the server, still importing, is replaced by one that preloads them too (its
-    ranks have them without importing them), and the first one is gone. Once the server forks
-    ranks, it is too late: preload says so."""
-    out = _python("""
-        import os, sys
-        from multiprocessing import forkserver
-        from parlab.launch import run, server
-        server.warm()  # what a notebook's import of parlab.launch does
-        first = forkserver._forkserver._forkserver_pid
-        print(server.preload("wsgiref.simple_server"), server.preload("wsgiref.simple_server"))
-        second = forkserver._forkserver._forkserver_pid
-        def has():
-            return "wsgiref.simple_server" in sys.modules
-        print(list(run(has, 2)), second != first)
-        try:
-            os.kill(first, 0)
-            print("the first server still runs")
-        except ProcessLookupError:
-            print("gone")
-        print(server.preload("xmlrpc.server"), list(run(lambda: "xmlrpc.server" in sys.modules, 1)))
-    """)
-    assert out.split("\n")[:4] == ["True True", "[True, True] True", "gone", "False [False]"], out
 
 
 def test_a_real_kernel_is_warm_before_its_first_launch():

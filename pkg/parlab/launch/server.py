@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import importlib.machinery
-import importlib.util
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 from multiprocessing import spawn
+
+from parlab.launch.modules import imported_parlab, module_exists
 
 try:
     from multiprocessing import popen_forkserver
@@ -74,7 +74,7 @@ def preload(*modules: str) -> bool:
     forks ranks: the modules are then imported by each rank as usual, slower but correct.
     """
     for name in modules:  # a typo fails here, not inside every rank
-        if not _module_exists(name):
+        if not module_exists(name):
             raise ModuleNotFoundError(f"preload: no module named {name!r}", name=name)
     if all(m in _preload for m in modules):
         return True
@@ -89,46 +89,12 @@ def preload(*modules: str) -> bool:
     return True
 
 
-def _module_exists(name: str) -> bool:
-    """Whether ``name`` can be imported, found without importing it or its parent packages
-    (``importlib.util.find_spec("a.b.c")`` runs ``a.b``: for ``torch.distributed.tensor.parallel``
-    that is ``torch.distributed.tensor``, 1 s in a kernel that may never use it)."""
-    if name in sys.modules:
-        return True
-    parts, path = name.split("."), None
-    for depth in range(len(parts)):
-        full = ".".join(parts[:depth + 1])
-        module = sys.modules.get(full)
-        if module is not None:
-            path = getattr(module, "__path__", None)
-        else:
-            spec = (importlib.util.find_spec(full) if depth == 0
-                    else importlib.machinery.PathFinder.find_spec(full, path))
-            if spec is None:
-                return False
-            path = spec.submodule_search_locations
-        if path is None and depth < len(parts) - 1:  # a module, not a package: none below
-            return False
-    return True
-
-
-def _imported_parlab() -> list[str]:
-    """The parlab modules this process has imported (the maintainers' tools aside).
-
-    A rank runs functions of the caller's modules (a chapter's experiments, a strategy's
-    layers); importing them in every rank of every launch costs seconds (the experiments pull
-    in matplotlib and ipywidgets), so the server imports what the caller already uses, once.
-    """
-    return sorted(m for m in sys.modules
-                  if m.startswith("parlab.") and not m.startswith("parlab.tools"))
-
-
 def context():
     """The forkserver context, preloading torch and parlab once per Python process."""
     global _forkserver_ready
     ctx = mp.get_context("forkserver")
     if not _forkserver_ready:
-        ctx.set_forkserver_preload(list(_preload) + [m for m in _imported_parlab()
+        ctx.set_forkserver_preload(list(_preload) + [m for m in imported_parlab()
                                                      if m not in _preload])
         _forkserver_ready = True
         _wrap_preparation_data()
