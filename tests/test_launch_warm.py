@@ -128,9 +128,36 @@ def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
         except ProcessLookupError:
             print("gone")
         print(server.preload("xmlrpc.server"), list(run(preloaded, 1, "xmlrpc.server")))
+        second = forkserver._forkserver._forkserver_pid
+        print(second, "os._exit" in open(f"/proc/{second}/cmdline").read())
     """)
-    assert out.splitlines() == ["True True", "[0, 1] False [True, True] True False None",
-                                "gone", "False [False]"], out
+    *lines, last = out.splitlines()
+    assert lines == ["True True", "[0, 1] False [True, True] True False None", "gone",
+                     "False [False]"], out
+    # the server leaves by os._exit once its caller is gone (server._ending_at_once): this
+    # Python's command has the shape that is wrapped, and the server still ends
+    pid, wrapped = last.split()
+    assert wrapped == "True", out
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid):
+        assert time.monotonic() < deadline, f"the server {pid} outlived its caller by 30 s"
+        time.sleep(0.05)
+
+
+def _state(pid) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_only_the_servers_own_command_is_wrapped():
+    other = ["python", "-c", "print(1)"]
+    assert server._ending_at_once(other) == other
+    wrapped = server._ending_at_once(["python", "-c", server._SERVER_COMMAND + "3, 5, [])"])
+    assert wrapped[:2] == ["python", "-c"] and "os._exit(" in wrapped[2]
+    compile(wrapped[2], "<server>", "exec")  # still Python
 
 
 def test_direct_fork_only_when_safe():
