@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from parlab.launch import forking, server
+from parlab.launch import apart, forking, server
 from procs import env_with_parlab
 
 
@@ -134,7 +134,7 @@ def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
     *lines, last = out.splitlines()
     assert lines == ["True True", "[0, 1] False [True, True] True False None", "gone",
                      "False [False]"], out
-    # the server leaves by os._exit once its caller is gone (server._ending_at_once): this
+    # the server leaves by os._exit once its caller is gone (apart.ending_at_once): this
     # Python's command has the shape that is wrapped, and the server still ends
     pid, wrapped = last.split()
     assert wrapped == "True", out
@@ -154,8 +154,8 @@ def _state(pid) -> str:
 
 def test_only_the_servers_own_command_is_wrapped():
     other = ["python", "-c", "print(1)"]
-    assert server._ending_at_once(other) == other
-    wrapped = server._ending_at_once(["python", "-c", server._SERVER_COMMAND + "3, 5, [])"])
+    assert apart.ending_at_once(other) == other
+    wrapped = apart.ending_at_once(["python", "-c", apart.SERVER_COMMAND + "3, 5, [])"])
     assert wrapped[:2] == ["python", "-c"] and "os._exit(" in wrapped[2]
     compile(wrapped[2], "<server>", "exec")  # still Python
 

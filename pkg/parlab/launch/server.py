@@ -35,6 +35,7 @@ import sys
 import threading
 from multiprocessing import spawn
 
+from parlab.launch.apart import start_server_apart
 from parlab.launch.modules import imported_parlab, module_exists
 
 try:
@@ -98,71 +99,8 @@ def context():
                                                      if m not in _preload])
         _forkserver_ready = True
         _wrap_preparation_data()
-        _start_server_apart()
+        start_server_apart(_no_main)
     return ctx
-
-
-def _start_server_apart() -> None:
-    """Start the forkserver, and multiprocessing's resource tracker that it needs, each in a
-    session of its own instead of the caller's process group.
-
-    Why: a Jupyter kernel asked to shut down or restart signals every process of its group
-    (psutil's list, zombies included), SIGTERM first, sleeping 0.01, 0.03, 0.1, 0.3, 1, 3 s
-    between tries until none is left. The tracker ignores SIGTERM (it must outlive a Ctrl-C)
-    and the server, which dies, stays a zombie that no one reaps; so the kernel waited until
-    its manager killed it, and every shutdown or restart of a kernel that had imported parlab
-    took 2.6 s instead of 0.9 s. Apart, both still end as before: the server when its callers'
-    "alive" pipe closes, the tracker when the last copy of its pipe does. Anything unexpected
-    leaves multiprocessing's own start in place.
-    """
-    from multiprocessing import forkserver, util
-
-    if os.name != "posix" or getattr(forkserver._forkserver, "_forkserver_pid", 0) is not None:
-        return
-    standard, spawned = util.spawnv_passfds, []
-
-    def spawn_apart(path, args, passfds):
-        import subprocess
-
-        process = subprocess.Popen(_ending_at_once(args), executable=path, pass_fds=passfds,
-                                   start_new_session=True)
-        spawned.append(process)
-        return process.pid
-
-    util.spawnv_passfds, _no_main.active = spawn_apart, True  # as when a rank starts it
-    try:
-        forkserver.ensure_running()
-    except Exception:  # noqa: BLE001 - multiprocessing starts them its own way at first use
-        for process in spawned:
-            process.kill()
-    finally:
-        util.spawnv_passfds, _no_main.active = standard, False
-        _apart.extend(spawned)  # kept: never collected (and warned about) while they run
-
-
-_apart: list = []
-
-#: How multiprocessing's server command starts (CPython 3.9 to 3.14).
-_SERVER_COMMAND = "from multiprocessing.forkserver import main; main("
-
-
-def _ending_at_once(args: list[str]) -> list[str]:
-    """The server's command line, its command wrapped so that the server leaves by
-    ``os._exit`` when its callers are gone, instead of by a normal interpreter exit.
-
-    Why: a normal exit collects and tears down all of torch, ``torch._dynamo`` and parlab:
-    1.1 s of the server's CPU after its caller's exit, after every kernel, while the next one
-    (a restart and Run All) starts on the same cores. Nothing of a reader's runs in the server
-    (its ranks end by ``os._exit`` too); a command of another shape is left as it is.
-    """
-    args = list(args)
-    if "-c" in args[:-1]:
-        at = args.index("-c") + 1
-        if args[at].startswith(_SERVER_COMMAND):
-            args[at] = ("import os, sys\ntry:\n    " + args[at] + "\nexcept SystemExit as end:\n"
-                        "    sys.stdout.flush(); sys.stderr.flush()\n"
-                        "    os._exit(end.code if isinstance(end.code, int) else 0)\n")
-    return args
 
 
 #: What the caller itself imports: while its first launch waits for the server, or before it
@@ -238,8 +176,8 @@ def warm() -> None:
             process = RankProcess(target=_noop, name="parlab-warm", daemon=True)
             process.start()
             process.join()
-        except (OSError, EOFError):  # the server was stopped (at exit): stay cold
-            return
+        except Exception:  # noqa: BLE001 - the server was stopped (at exit, or by preload
+            return         # while its start was under way): stay cold
         _warm.set()
 
     thread = threading.Thread(target=start_one, name="parlab-forkserver-warm", daemon=True)
@@ -304,23 +242,35 @@ def warm_in_notebook(launches_here: bool = True) -> bool:
 
 def _discard_cold_server() -> None:
     """Kill the server while it still imports (no rank was forked from it) and forget it, so
-    that the next :func:`warm` starts one with the current preload list."""
+    that the next :func:`warm` starts one with the current preload list.
+
+    Its warming thread may not have reached the server yet, and multiprocessing starts a
+    server (with the old list) for whoever finds none: so kill until that thread has ended
+    (its start fails once the server it waits for is gone), then once more.
+    """
     global _forkserver_ready
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
+    for _ in range(100):  # 10 s at most
+        _kill_server(forkserver._forkserver)
+        for thread in _warming:
+            thread.join(0.1)
+        if not any(thread.is_alive() for thread in _warming):
+            break
+    _kill_server(forkserver._forkserver)
+    _warming.clear()
+    _warm.clear()
+    _forkserver_ready = False
+
+
+def _kill_server(server) -> None:
     with server._lock:  # no start of a process in between
         if server._forkserver_pid:
             try:
                 os.kill(server._forkserver_pid, signal.SIGKILL)
                 server._stop_unlocked()  # closes its "alive" pipe, reaps it
             except OSError:
-                server._forkserver_pid = None
-    for thread in _warming:  # its start fails at once: the server is gone
-        thread.join(10)
-    _warming.clear()
-    _warm.clear()
-    _forkserver_ready = False
+                server._forkserver_pid = server._forkserver_address = None
 
 
 def reset_after_fork() -> None:
