@@ -101,7 +101,7 @@ def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
     by one that preloads them too (its ranks have them without importing them) and the first
     one is gone; once the server forks ranks it is too late, and preload says so."""
     out = _python("""
-        import os, sys, threading
+        import os, sys, threading, time
         import torch.distributed as dist
         from multiprocessing import forkserver
         from parlab.launch import run, server
@@ -114,6 +114,14 @@ def test_a_launch_that_waits_for_the_server_imports_dynamo_meanwhile():
 
         direct = run(fn, 2, threads=1)  # cold, one thread a rank: forked from the caller
         after_direct = "torch._dynamo" in sys.modules
+        # the server's warming thread arrives late (as under load, seen in CI): preload
+        # kills the server first, and multiprocessing would start another for that thread
+        first_call, connect = [], forkserver.connect_to_new_process
+        def late(fds):
+            if threading.current_thread().name == "parlab-forkserver-warm" and not first_call:
+                first_call.append(time.sleep(0.5))
+            return connect(fds)
+        forkserver.connect_to_new_process = late
         server.warm()  # what a notebook's import of parlab.launch does
         first = forkserver._forkserver._forkserver_pid
         print(server.preload("wsgiref.simple_server"), server.preload("wsgiref.simple_server"))
