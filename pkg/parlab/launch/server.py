@@ -192,12 +192,8 @@ def _stop_cold_server() -> None:
     CPU) before noticing that its caller is gone."""
     from multiprocessing import forkserver
 
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid and not _warm.is_set():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    if not _warm.is_set():
+        _kill_server(forkserver._forkserver)
 
 
 def is_warm() -> bool:
