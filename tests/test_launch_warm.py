@@ -241,7 +241,7 @@ def test_no_warming_outside_a_notebook_kernel(monkeypatch, where):
     assert shell.events.callbacks == [] and started == []
 
 
-def test_a_real_kernel_is_warm_before_its_first_launch():
+def test_a_real_kernel_is_warm_before_its_first_launch_and_exits_without_collecting(tmp_path):
     jupyter_client = pytest.importorskip("jupyter_client")
     env = env_with_parlab()
     manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
@@ -250,6 +250,12 @@ def test_a_real_kernel_is_warm_before_its_first_launch():
             reply = client.execute_interactive(code, timeout=120, output_hook=outputs.append)
             assert reply["content"]["status"] == "ok", outputs
         outputs = []
+        # registered before parlab's own exit handler, so run after it (atexit: last in,
+        # first out): at exit it finds the heap frozen, and the file left open is written
+        exit_log, unclosed = tmp_path / "exit.txt", tmp_path / "unclosed.txt"
+        execute(f"import atexit, gc\natexit.register(lambda: open({str(exit_log)!r}, 'w')"
+                f".write(str(gc.get_freeze_count() > 0)))\n"
+                f"left_open = open({str(unclosed)!r}, 'w')\nleft_open.write('flushed')")
         execute("import parlab.launch")
         execute("import time\nfor _ in range(1200):\n    if parlab.launch.server.is_warm(): "
                 "break\n    time.sleep(0.05)\nprint(parlab.launch.server.is_warm())")
@@ -272,6 +278,9 @@ def test_a_real_kernel_is_warm_before_its_first_launch():
         manager.shutdown_kernel(now=False)  # graceful, as JupyterLab's shutdown and restart
         # it ended by itself (0), not by the manager's SIGTERM (-15)
         assert kernel.wait(10) == 0, kernel.returncode
+        # the heap was frozen before the handlers that collect it (kernel.py); the reader's
+        # exit handler still ran, and the file the reader never closed was still flushed
+        assert exit_log.read_text() == "True" and unclosed.read_text() == "flushed"
     finally:
         client.stop_channels()
         if manager.is_alive():

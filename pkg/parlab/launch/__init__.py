@@ -7,10 +7,10 @@ rank's spans, the toy backend's traffic). Under ``torchrun`` the same call joins
 torchrun started. Modules: ``local`` (the caller side), ``rank`` (what each rank does),
 ``server`` (the forkserver and the rank process; ``modules``: what it preloads, ``apart``:
 how its process starts), ``spares`` (ranks forked ahead of the next launch, in a notebook),
-``workdir`` (each launch's folder), ``torchrun``, ``backends`` (backend and device choice,
-argument checks), ``result`` (the :class:`Run`), ``reports`` (values each rank sends home
-after ``fn``, registered by layers above), ``spans`` (what a rank was doing and when),
-``errors``. This subpackage imports nothing else of parlab.
+``kernel`` (what the import changes in a notebook kernel), ``workdir`` (each launch's
+folder), ``torchrun``, ``backends`` (backend and device choice, argument checks), ``result``
+(the :class:`Run`), ``reports`` (values each rank sends home after ``fn``, registered by
+layers above), ``spans`` (what a rank was doing and when), ``errors``. This subpackage imports nothing else of parlab.
 """
 
 from parlab.launch.backends import (DEFAULT_TIMEOUT, MAX_WORLD_SIZE, default_backend,

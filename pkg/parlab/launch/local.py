@@ -34,6 +34,7 @@ from parlab.launch.errors import RankError, RankTimeoutError
 from parlab.launch.rank import in_rank, rank_main
 from parlab.launch.result import Run
 from parlab.launch.forking import direct_fork_safe
+from parlab.launch.kernel import exit_without_collecting
 from parlab.launch.server import (ForkedRankProcess, RankProcess,
                                   import_for_ranks, import_while_waiting, is_started, warm,
                                   warm_in_notebook)
@@ -99,10 +100,11 @@ def run(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise error.with_traceback(None)  # the rank's traceback is in the message
 
 
-# in a notebook kernel the server warms from this import on, and ranks are forked ahead of
-# each launch (parlab.launch.spares)
+# in a notebook kernel the server warms from this import on, ranks are forked ahead of each
+# launch (parlab.launch.spares), and the kernel's exit skips collecting its heap (.kernel)
 if warm_in_notebook(launches_here=not (under_torchrun() or in_rank())):
     keep_spares()
+    exit_without_collecting()
 
 #: The torch seed of ranks forked from this process (random, like the server's, and shared).
 _DIRECT_SEED = random.SystemRandom().getrandbits(63)

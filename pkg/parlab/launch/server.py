@@ -36,6 +36,7 @@ import threading
 from multiprocessing import spawn
 
 from parlab.launch.apart import start_server_apart
+from parlab.launch.kernel import in_notebook_kernel
 from parlab.launch.modules import imported_parlab, module_exists
 
 try:
@@ -226,10 +227,7 @@ def warm_in_notebook(launches_here: bool = True) -> bool:
     not where ``launches_here`` is False (under torchrun, whose workers need no server, or
     inside a rank: :mod:`parlab.launch.local` says). Returns whether it started warming.
     """
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    if (shell is None or getattr(shell, "kernel", None) is None or RankProcess is None
-            or not launches_here):
+    if not in_notebook_kernel() or RankProcess is None or not launches_here:
         return False
     preload(*_NOTEBOOK_PRELOAD)
     warm()
