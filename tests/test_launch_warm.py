@@ -257,6 +257,14 @@ def test_a_real_kernel_is_warm_before_its_first_launch_and_exits_without_collect
                 f".write(str(gc.get_freeze_count() > 0)))\n"
                 f"left_open = open({str(unclosed)!r}, 'w')\nleft_open.write('flushed')")
         execute("import parlab.launch")
+        # a first launch waits for the server: meanwhile the kernel imports what its optimizers
+        # and figures will (torch._dynamo, matplotlib.pyplot), on a thread the launch joins
+        names = ["torch._dynamo", "matplotlib.pyplot"]
+        execute(f"import sys\nprint([n in sys.modules for n in {names}])\n"
+                f"parlab.launch.run(int, 1)\nprint([n in sys.modules for n in {names}])")
+        printed = [o["content"].get("text", "") for o in outputs if o["msg_type"] == "stream"]
+        assert "".join(printed) == "[False, False]\n[True, True]\n", outputs
+        outputs.clear()
         execute("import time\nfor _ in range(1200):\n    if parlab.launch.server.is_warm(): "
                 "break\n    time.sleep(0.05)\nprint(parlab.launch.server.is_warm())")
         printed = [o["content"].get("text", "") for o in outputs if o["msg_type"] == "stream"]

@@ -105,8 +105,10 @@ def context():
 
 
 #: What the caller itself imports: while its first launch waits for the server, or before it
-#: forks ranks itself (see below).
+#: forks ranks itself (see below); in a notebook kernel also what its first figure imports
+#: (about 0.4 s: the chapters draw with matplotlib, most of them first after a launch).
 _CALLER_IMPORTS = ("torch._dynamo",)
+_KERNEL_IMPORTS = ("matplotlib.pyplot",)
 
 
 def import_while_waiting() -> threading.Thread | None:
@@ -118,11 +120,13 @@ def import_while_waiting() -> threading.Thread | None:
     and a core is free, and most chapters then build an optimizer in the kernel itself (a
     reference run, a measurement), whose first construction imports ``torch._dynamo`` (about
     3 s on a small machine: ``add_param_group`` is wrapped by ``torch._disable_dynamo``).
-    Imported here, that time overlaps the wait. The thread runs only while the caller's own
+    Imported here, that time overlaps the wait; in a kernel so does ``matplotlib.pyplot``,
+    which a chapter's first figure after its first launch imported (0.4 s) in chapter 00.
+    The thread runs only while the caller's own
     thread is inside the launch, which forks nothing of the caller, so no import runs beside
     the reader's code and no fork copies a half-done import.
     """
-    if is_warm() or all(name in sys.modules for name in _CALLER_IMPORTS):
+    if is_warm() or not _caller_imports():
         return None
     thread = threading.Thread(target=_import_caller_modules, name="parlab-import-while-waiting",
                               daemon=True)
@@ -150,8 +154,14 @@ def import_for_ranks() -> None:
 _launched_here = False  # set by the first launch that forked from this process
 
 
+def _caller_imports() -> list[str]:
+    """What :func:`_import_caller_modules` would import: names not imported yet."""
+    names = _CALLER_IMPORTS + (_KERNEL_IMPORTS if in_notebook_kernel() else ())
+    return [name for name in names if name not in sys.modules]
+
+
 def _import_caller_modules() -> None:
-    for name in _CALLER_IMPORTS:
+    for name in _caller_imports():
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - whoever needs it imports it then
