@@ -1,4 +1,5 @@
 """Shared fixtures, which chapters nbval runs, and the torch threads of a test process."""
+import gc
 import os
 
 import pytest
@@ -109,3 +110,14 @@ def book_site(tmp_path_factory):
         if not (out / "index.html").is_file():
             book.to_html(out, Path(__file__).resolve().parents[1] / "chapters")
     return out
+
+
+def pytest_unconfigure(config):
+    """Freeze the heap before this process (the main one, or a pytest-xdist worker) exits.
+
+    A worker ends holding torch, ``torch._dynamo``, matplotlib and every test module's objects,
+    and its interpreter's exit walks them all again (``gc`` passes while it clears the
+    modules): measured with 6 test files on 3 workers, 2.4 s from the last worker's end to
+    the main process's, and 0.9 s more for the main process itself. The notebook kernels do
+    the same (:mod:`parlab.launch.kernel`)."""
+    gc.freeze()
