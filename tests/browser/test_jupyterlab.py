@@ -187,14 +187,14 @@ def _save_and_read(page, lab, name):
         except json.JSONDecodeError:  # read while the server was writing it (seen in CI)
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.5)
+            time.sleep(0.1)
             continue
         code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
         if all(c.get("execution_count") for c in code) or time.monotonic() > deadline:
             unrun = [i for i, c in enumerate(code) if not c.get("execution_count")]
             assert unrun == [], f"{name}: code cells {unrun} did not run in JupyterLab"
             return notebook
-        time.sleep(0.5)
+        time.sleep(0.1)  # a save takes tenths of a second: look often
 
 
 def _explorer_outputs(page):
