@@ -6,13 +6,21 @@ one GPU from figure to figure.
 
 from __future__ import annotations
 
-__all__ = ["GPU_COLORS", "RANK_COLORS", "rank_color", "show", "png", "figure_title"]
+__all__ = ["GPU_COLORS", "RANK_COLORS", "TAB10_COLORS", "rank_color", "show", "png",
+           "figure_title"]
 
 #: One colour per GPU name, used by every chapter so A1 looks the same everywhere.
 GPU_COLORS = {
     "A1": "#4C72B0", "A2": "#55A868", "A3": "#8172B2", "B1": "#C44E52", "B2": "#DD8452",
     "B3": "#937860", "C1": "#64B5CD", "C2": "#8C8C8C", "C3": "#CCB974", "C4": "#DA8BC3",
 }
+
+#: matplotlib's "tab10" palette as RGB triples, the very values ``plt.get_cmap("tab10").colors``
+#: gives, written out so that a plot module need not import matplotlib to name them: one per
+#: micro-batch in every Gantt chart, one per owner in chapter 08's pictures.
+TAB10_COLORS = tuple(tuple(int(code[i:i + 2], 16) / 255 for i in (1, 3, 5)) for code in (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf"))
 RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3",
                "#8C8C8C", "#CCB974", "#64B5CD"]
 

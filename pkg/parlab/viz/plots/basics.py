@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import torch
 
+from parlab.viz.lazy import plt
 from parlab.viz.style import rank_color, show
 
 __all__ = ["format_values", "collective_table", "before_after", "show_collective"]

@@ -5,12 +5,13 @@ compute nothing else."""
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from parlab.viz.lazy import plt, ticker
+from parlab.viz.style import TAB10_COLORS
+
 
 __all__ = ["ring_steps_figure", "causal_work_figure", "memory_by_sequence_figure"]
 
-_COLORS = plt.get_cmap("tab10").colors
+_COLORS = TAB10_COLORS
 
 
 def ring_steps_figure(world: int, computed: list[list[float]], layout: str):
@@ -79,7 +80,7 @@ def memory_by_sequence_figure(curves: dict, lengths, capacity_gb: float):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "1235" else ""))
+            axis(ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "1235" else ""))
         ax.set_xticks(lengths, [f"{n // 1024}K" for n in lengths])
         ax.set_xlabel("tokens per sequence")
         ax.set_title(model, fontsize=9)

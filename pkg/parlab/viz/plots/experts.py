@@ -4,7 +4,8 @@ compute nothing."""
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from parlab.viz.lazy import plt
+
 
 __all__ = ["dispatch_matrix_figure", "capacity_figure", "balance_figure", "matrix_panel"]
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
-import matplotlib.pyplot as plt
-
 from parlab.memory import Breakdown, WasteCurve
 from parlab.models import BOOK_NAMES, BookMLP
 from parlab.units import GB
+from parlab.viz.lazy import plt
 
 __all__ = ["figure_8_1", "memory_bars", "memory_split", "checkpoint_curve", "PART_COLORS"]
 

@@ -7,17 +7,14 @@ so a figure shows what was computed, for any schedule, not a copy of the book's 
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.lines import Line2D
-from matplotlib.patches import FancyArrowPatch, Rectangle
-
 from parlab.pipeline import action_code
-from parlab.viz.style import GPU_COLORS, rank_color
+from parlab.viz.lazy import lines, patches, plt
+from parlab.viz.style import GPU_COLORS, TAB10_COLORS, rank_color
 
 __all__ = ["draw_step", "draw_gantt", "step_figure", "gantt_figure", "comparison_figure",
            "sync_figure", "step_caption"]
 
-_MB_COLORS = plt.get_cmap("tab10").colors
+_MB_COLORS = TAB10_COLORS
 _BOX_W, _GAP = 1.5, 0.7
 
 
@@ -51,8 +48,9 @@ def draw_step(sim, step: int, ax) -> None:
     for rank in range(p):
         work = [a for r, a in record.compute if r == rank]
         color = _color(sim, rank)
-        ax.add_patch(Rectangle((x(rank), 0), _BOX_W, 1.4, facecolor=color if work else "#EEEEEE",
-                               alpha=0.35 if work else 1.0, edgecolor=color, lw=2))
+        ax.add_patch(patches.Rectangle((x(rank), 0), _BOX_W, 1.4,
+                                       facecolor=color if work else "#EEEEEE",
+                                       alpha=0.35 if work else 1.0, edgecolor=color, lw=2))
         ax.text(x(rank) + _BOX_W / 2, 1.5, sim.names[rank], ha="center", va="bottom",
                 fontsize=12, weight="bold", color=color)
         lines = [_action_text(sim, a) for a in work] or ["idle"]
@@ -66,17 +64,17 @@ def draw_step(sim, step: int, ax) -> None:
             y = 1.1 if forward else 0.3
             start = x(t.src) + (_BOX_W if t.dst > t.src else 0)
             end = x(t.dst) + (0 if t.dst > t.src else _BOX_W)
-            ax.add_patch(FancyArrowPatch((start, y), (end, y), arrowstyle="-|>",
-                                         mutation_scale=14, color=color, lw=1.8))
+            ax.add_patch(patches.FancyArrowPatch((start, y), (end, y), arrowstyle="-|>",
+                                                 mutation_scale=14, color=color, lw=1.8))
             label_y = y + (0.1 if forward else -0.1)
         else:  # interleaved wrap-around (last GPU <-> first): an arc over or under the row
             y = 1.45 if forward else -0.05
             start, end = x(t.src) + _BOX_W / 2, x(t.dst) + _BOX_W / 2
             # arc3 puts the control point rad x distance to the right of the direction of
             # travel: rad > 0 bends a leftward y upward and a rightward E downward
-            ax.add_patch(FancyArrowPatch((start, y), (end, y), arrowstyle="-|>",
-                                         mutation_scale=14, color=color, lw=1.8,
-                                         connectionstyle="arc3,rad=0.25"))
+            ax.add_patch(patches.FancyArrowPatch((start, y), (end, y), arrowstyle="-|>",
+                                                 mutation_scale=14, color=color, lw=1.8,
+                                                 connectionstyle="arc3,rad=0.25"))
             bulge = 0.5 * 0.25 * abs(end - start)
             reach = max(reach, bulge)
             label_y = y + (bulge + 0.05 if forward else -bulge - 0.05)
@@ -106,10 +104,10 @@ def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
                 width = scale / len(work)
                 color = _MB_COLORS[action.microbatch % len(_MB_COLORS)]
                 left = left0 + n * width
-                ax.add_patch(Rectangle((left, rank - 0.42), width, 0.84, facecolor=color,
-                                       alpha=0.4 if action.kind == "F" else 0.95, lw=0.5,
-                                       edgecolor="white",
-                                       hatch="//" if action.stage >= p else None))
+                ax.add_patch(patches.Rectangle((left, rank - 0.42), width, 0.84, facecolor=color,
+                                               alpha=0.4 if action.kind == "F" else 0.95, lw=0.5,
+                                               edgecolor="white",
+                                               hatch="//" if action.stage >= p else None))
                 if not dense:
                     ax.text(left + width / 2, rank, action_code(action),
                             ha="center", va="center", fontsize=7 if width < 0.6 else 9,
@@ -120,8 +118,8 @@ def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
                     va="bottom", fontsize=6 if scale < 1 else 8, color="#555555",
                     rotation=90 if scale < 1 else 0)
     if step is not None:
-        ax.add_patch(Rectangle(((step - 1) * scale + (0 if in_time else 0.5), -0.5), scale, p,
-                               fill=False, edgecolor="black", lw=2.2))
+        ax.add_patch(patches.Rectangle(((step - 1) * scale + (0 if in_time else 0.5), -0.5),
+                                       scale, p, fill=False, edgecolor="black", lw=2.2))
     ax.set_yticks(range(p), sim.names)
     ax.set_ylim(p - 0.5, -1.3 if scale < 1 and not dense else -0.9)
     chunks = "   (hatched: second and later model chunks)" if sim.schedule.chunks > 1 else ""
@@ -226,8 +224,8 @@ def sync_figure(run, index: tuple = (0, 0)):
         x = pair.stage * step_x
         for replica, (name, local) in enumerate(zip(pair.gpus, pair.local)):
             y = top(replica)
-            ax.add_patch(Rectangle((x, y), box_w, box_h, facecolor=rank_color(pair.stage),
-                                   alpha=0.35, edgecolor="black"))
+            ax.add_patch(patches.Rectangle((x, y), box_w, box_h, facecolor=rank_color(pair.stage),
+                                           alpha=0.35, edgecolor="black"))
             ax.text(x + box_w / 2, y + box_h / 2, f"{name}\n{pair.label}\nlocal {format(local, f)}",
                     ha="center", va="center", fontsize=8.5)
             if pair.stage < p - 1:
@@ -242,10 +240,10 @@ def sync_figure(run, index: tuple = (0, 0)):
     ax.set_ylim(-0.75, top(0) + box_h + 0.2)
     ax.axis("off")
     ax.legend(handles=[
-        Line2D([], [], color="#2F5597", lw=1.5,
-               label="within a replica: activations y → next stage, errors E ← back"),
-        Line2D([], [], color="#C0392B", lw=2,
-               label="between replicas: all-reduce of one stage's gradients")],
+        lines.Line2D([], [], color="#2F5597", lw=1.5,
+                     label="within a replica: activations y → next stage, errors E ← back"),
+        lines.Line2D([], [], color="#C0392B", lw=2,
+                     label="between replicas: all-reduce of one stage's gradients")],
         loc="lower center", ncol=2, fontsize=8, frameon=False)
     ax.set_title(f"{replicas} pipeline replicas × {p} stages on {p * replicas} GPUs: the GPUs "
                  f"holding a stage all-reduce its gradients (weight {list(index)} shown)",

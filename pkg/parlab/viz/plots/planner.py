@@ -8,9 +8,7 @@ Every drawing takes what the package computed (a :class:`parlab.hybrid.Search`, 
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
-
+from parlab.viz.lazy import patches, plt
 from parlab.viz.style import rank_color
 
 __all__ = ["layouts_figure", "placement_figure", "cnn_figure", "traffic_3d_figure",
@@ -98,14 +96,14 @@ def placement_figure(placement, max_servers: int = 8, title: str = ""):
             continue
         c = placement.coordinates[rank]
         shade = c.stage / max(pp - 1, 1)  # viridis: dark purple (first stage) to yellow
-        ax.add_patch(Rectangle((position + 0.05, server + 0.08), 0.9, 0.84, color=cmap(shade),
-                               alpha=0.75))
+        ax.add_patch(patches.Rectangle((position + 0.05, server + 0.08), 0.9, 0.84,
+                                       color=cmap(shade), alpha=0.75))
         ax.text(position + 0.5, server + 0.5, f"{gpu_name(gpu, gpus_per_server)}\nr{rank}\n"
                 f"d{c.replica} s{c.stage} t{c.tensor}", ha="center", va="center", fontsize=7,
                 color="white" if shade < 0.55 else "black")
         if c.tensor == 0 and tp > 1:
-            ax.add_patch(Rectangle((position + 0.02, server + 0.04), tp - 0.04, 0.92,
-                                   fill=False, lw=2, ec=rank_color(c.replica)))
+            ax.add_patch(patches.Rectangle((position + 0.02, server + 0.04), tp - 0.04, 0.92,
+                                           fill=False, lw=2, ec=rank_color(c.replica)))
     ax.set_xlim(0, width)
     ax.set_ylim(servers, 0)
     ax.set_xticks([p + 0.5 for p in range(width)],

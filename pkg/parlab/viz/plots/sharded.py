@@ -6,10 +6,9 @@ They draw the tables and logs of chapter 06's runs (:mod:`parlab.experiments`) a
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from parlab.hardware import GPU_MEMORY_GB
 from parlab.sharded import STATE_PARTS
+from parlab.viz.lazy import plt
 from parlab.viz.plots.memory import PART_COLORS
 
 __all__ = ["zero_memory_figure", "zero_traffic_figure", "zero3_timeline_figure",

@@ -9,11 +9,9 @@ the ranks moved.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, Rectangle
-
 from parlab.hardware import GPU_MEMORY_GB
 from parlab.units import format_bytes
+from parlab.viz.lazy import patches, plt
 from parlab.viz.style import GPU_COLORS
 
 __all__ = ["qkv_sharding_figure", "book_attention_figure", "book_attention_rows",
@@ -43,9 +41,9 @@ def qkv_sharding_figure(shards: dict, n_heads: int = 2):
     for ax, letter in zip(axes[1:], ("Q", "K", "V")):
         # nn.Linear rows = the matrix's output columns in the book's layout
         for spec in shards[letter]:
-            ax.add_patch(Rectangle((spec.start, 0), spec.stop - spec.start, d_model,
-                                   facecolor=GPU_COLORS[spec.owner], alpha=0.45,
-                                   edgecolor=GPU_COLORS[spec.owner], lw=2))
+            ax.add_patch(patches.Rectangle((spec.start, 0), spec.stop - spec.start, d_model,
+                                           facecolor=GPU_COLORS[spec.owner], alpha=0.45,
+                                           edgecolor=GPU_COLORS[spec.owner], lw=2))
             ax.text((spec.start + spec.stop) / 2, d_model / 2,
                     f"{spec.owner}\ncolumns\n{spec.start}-{spec.stop - 1}", ha="center",
                     va="center", fontsize=10, weight="bold")
@@ -133,13 +131,13 @@ def book_attention_figure(comparison):
         y = 0
         for kind, text, nbytes in rows:
             if kind == "compute":
-                ax.add_patch(Rectangle((0, y), 10, 0.8, facecolor="#F2F2F2",
-                                       edgecolor="#999999"))
+                ax.add_patch(patches.Rectangle((0, y), 10, 0.8, facecolor="#F2F2F2",
+                                               edgecolor="#999999"))
                 ax.text(5, y + 0.4, text, ha="center", va="center", fontsize=9)
                 y += 1
             else:
-                ax.add_patch(Rectangle((1, y), 8, 0.7, facecolor=GPU_COLORS["A2"], alpha=0.25,
-                                       edgecolor=GPU_COLORS["A2"]))
+                ax.add_patch(patches.Rectangle((1, y), 8, 0.7, facecolor=GPU_COLORS["A2"],
+                                               alpha=0.25, edgecolor=GPU_COLORS["A2"]))
                 ax.text(5, y + 0.35, f"{text}  ({format_bytes(nbytes)})", ha="center",
                         va="center", fontsize=9, weight="bold")
                 y += 0.9
@@ -176,15 +174,15 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
     sent = comparison.traffic[phase].matrix()  # bytes src (row) -> dst (column)
     pos = {p.rank: (p.stage * 4.0, 2.4 - 2.4 * p.position) for p in places}
     for stage in sorted({p.stage for p in places}):
-        ax.add_patch(Rectangle((stage * 4 - 0.3, -0.55), 2.6, 3.9, facecolor="none",
-                               edgecolor="#999999", ls="--"))
+        ax.add_patch(patches.Rectangle((stage * 4 - 0.3, -0.55), 2.6, 3.9, facecolor="none",
+                                       edgecolor="#999999", ls="--"))
         ax.text(stage * 4 + 1.0, 3.45, f"server {stage + 1}", ha="center", fontsize=10,
                 color="#555555")
     for p in places:
         x, y = pos[p.rank]
         color = GPU_COLORS.get(p.gpu, "#888888")
-        ax.add_patch(Rectangle((x, y), 2.0, 0.9, facecolor=color, alpha=0.35, edgecolor=color,
-                               lw=2))
+        ax.add_patch(patches.Rectangle((x, y), 2.0, 0.9, facecolor=color, alpha=0.35,
+                                       edgecolor=color, lw=2))
         first, last = p.neurons
         which = f"neuron {first}" if first == last else f"neurons {first}-{last}"
         ax.text(x + 1.0, y + 0.45, f"{p.gpu}\n{p.layer} {which}", ha="center", va="center",
@@ -205,8 +203,8 @@ def _draw_ffn(ax, comparison, phase: str) -> None:
             end = (x1 + (0 if forward else 2.0), y1 + 0.45)
             color = "#C0392B"
             label_at, ha = ((start[0] + end[0]) / 2, y0 + 0.6), "center"
-        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color=color,
-                                     lw=1.6))
+        ax.add_patch(patches.FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14,
+                                             color=color, lw=1.6))
         ax.text(*label_at, format_bytes(nbytes), fontsize=8, color=color, ha=ha)
     by_type = comparison.traffic[phase].per_link_type(topology)
     ax.text(5, -1.1, f"{phase}: NVLink {format_bytes(by_type['nvlink'])}, rail switches "

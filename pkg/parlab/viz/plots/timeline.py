@@ -8,15 +8,14 @@ with one process per rank can be drawn, torch.profiler's included.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Rectangle
-
 from parlab.pipeline import Action, action_code
+from parlab.viz.lazy import patches, plt
 from parlab.viz.plots.pipeline import draw_gantt
+from parlab.viz.style import TAB10_COLORS
 
 __all__ = ["draw_trace", "trace_figure"]
 
-_MB_COLORS = plt.get_cmap("tab10").colors  # the Gantt chart's colours: one per micro-batch
+_MB_COLORS = TAB10_COLORS  # the Gantt chart's colours: one per micro-batch
 _COMPUTE = "#4C72B0"
 _COMM = {"send": "#C0392B", "recv": "#E8A39B", "all_reduce": "#8E44AD", "broadcast": "#B39DDB"}
 _OTHER_COMM = "#7F7F7F"
@@ -58,8 +57,8 @@ def draw_trace(trace, ax, flows: bool = True) -> None:
         left, width = (e["ts"] - start) / 1000, e["dur"] / 1000
         color, alpha, label = _style(e)
         lane = -0.42 if e.get("cat") != "communication" else 0.02
-        ax.add_patch(Rectangle((left, row[e["pid"]] + lane), width, 0.4, facecolor=color,
-                               alpha=alpha, lw=0.3, edgecolor="white"))
+        ax.add_patch(patches.Rectangle((left, row[e["pid"]] + lane), width, 0.4, facecolor=color,
+                                       alpha=alpha, lw=0.3, edgecolor="white"))
         if label and width > length / 45:
             ax.text(left + width / 2, row[e["pid"]] - 0.22, label, ha="center", va="center",
                     fontsize=7, color="black" if alpha < 0.9 else "white")
@@ -83,10 +82,11 @@ def draw_trace(trace, ax, flows: bool = True) -> None:
     ops = sorted({e.get("args", {}).get("op") for e in spans if e.get("cat") == "communication"}
                  - {None})
     by_microbatch = any(_style(e)[2] for e in spans)
-    handles = [Patch(facecolor="#BBBBBB" if by_microbatch else _COMPUTE,
-                     label="compute, upper lane" + (":\ncolour = micro-batch,\nlight F, dark E"
-                                                    if by_microbatch else ""))]
-    handles += [Patch(facecolor=_COMM.get(op, _OTHER_COMM), label=f"{op}, lower lane")
+    handles = [patches.Patch(facecolor="#BBBBBB" if by_microbatch else _COMPUTE,
+                             label="compute, upper lane" + (
+                                 ":\ncolour = micro-batch,\nlight F, dark E" if by_microbatch
+                                 else ""))]
+    handles += [patches.Patch(facecolor=_COMM.get(op, _OTHER_COMM), label=f"{op}, lower lane")
                 for op in ops]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0),
               frameon=False)

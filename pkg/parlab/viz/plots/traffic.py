@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 
-import matplotlib.pyplot as plt
-
 from parlab.comm import TrafficLog
 from parlab.units import format_bytes
+from parlab.viz.lazy import plt
 from parlab.viz.style import rank_color
 
 __all__ = ["steps_figure", "bytes_per_rank_figure"]

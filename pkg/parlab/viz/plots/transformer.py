@@ -10,9 +10,8 @@ computes with a real model (its Q, K, V are what that model's projection layers 
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from parlab.models import TransformerConfig
+from parlab.viz.lazy import plt
 
 __all__ = ["transformer_figure", "local_qkv_figure"]
 

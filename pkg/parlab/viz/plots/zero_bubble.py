@@ -7,15 +7,14 @@ chapter's experiments computed; they compute nothing else.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Rectangle
-
 from parlab.pipeline import action_code
+from parlab.viz.lazy import patches, plt
 from parlab.viz.plots.timeline import draw_trace
+from parlab.viz.style import TAB10_COLORS
 
 __all__ = ["draw_timeline", "schedules_figure", "bubble_figure", "measured_figure"]
 
-_MB_COLORS = plt.get_cmap("tab10").colors  # one per micro-batch, as chapter 03's charts
+_MB_COLORS = TAB10_COLORS  # one per micro-batch, as chapter 03's charts
 #: How dark each pass is: forward light, input gradient (B) middle, W and a full backward dark.
 _ALPHA = {"F": 0.35, "I": 0.7, "W": 1.0, "B": 0.95}
 _STYLES = {"1f1b": ("#DD8452", "^"), "zb-h1": ("#4C72B0", "o"), "zbv": ("#55A868", "D"),
@@ -31,11 +30,11 @@ def draw_timeline(t, ax, xmax: float | None = None) -> None:
     for e in t.entries:
         a, width = e.action, e.end - e.start
         second = prog.chunks > 1 and a.stage >= prog.stages
-        ax.add_patch(Rectangle((e.start, e.rank - (0.42 if not second else 0.3)), width,
-                               0.84 if not second else 0.72,
-                               facecolor=_MB_COLORS[a.microbatch % len(_MB_COLORS)],
-                               alpha=_ALPHA[a.kind], lw=0.8 if second else 0.5,
-                               edgecolor="black" if second else "white"))
+        ax.add_patch(patches.Rectangle((e.start, e.rank - (0.42 if not second else 0.3)), width,
+                                       0.84 if not second else 0.72,
+                                       facecolor=_MB_COLORS[a.microbatch % len(_MB_COLORS)],
+                                       alpha=_ALPHA[a.kind], lw=0.8 if second else 0.5,
+                                       edgecolor="black" if second else "white"))
         if width > span / 40:  # narrower boxes unlabelled: colour and shade tell them apart
             ax.text(e.start + width / 2, e.rank, action_code(a), ha="center", va="center",
                     fontsize=7, color="black" if a.kind == "F" else "white")
@@ -62,12 +61,12 @@ def schedules_figure(timelines: dict, passes: tuple | None = None):
         draw_timeline(t, ax, longest)
     axes[-1, 0].set_xlabel("time (a V schedule's stage holds half a rank's layers: it takes "
                            "half a rank's time)")
-    axes[0, 0].legend(handles=[Patch(facecolor="#999999", alpha=_ALPHA[k], label=label)
+    axes[0, 0].legend(handles=[patches.Patch(facecolor="#999999", alpha=_ALPHA[k], label=label)
                                for k, label in (("F", "F forward"), ("I", "B input gradient"),
                                                 ("W", "W weight gradient"),
                                                 ("B", "E full backward (B + W)"))]
-                      + [Patch(facecolor="white", edgecolor="black",
-                               label="a V's second stage (framed)")],
+                      + [patches.Patch(facecolor="white", edgecolor="black",
+                                       label="a V's second stage (framed)")],
                       fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     times = "" if passes is None else (f"; per rank's stage F = {passes[0]:g}, "
                                        f"B = {passes[1]:g}, W = {passes[2]:g}")
