@@ -10,7 +10,8 @@ how its process starts), ``spares`` (ranks forked ahead of the next launch, in a
 ``kernel`` (what the import changes in a notebook kernel), ``workdir`` (each launch's
 folder), ``torchrun``, ``backends`` (backend and device choice, argument checks), ``result``
 (the :class:`Run`), ``reports`` (values each rank sends home after ``fn``, registered by
-layers above), ``spans`` (what a rank was doing and when), ``errors``. This subpackage imports nothing else of parlab.
+layers above), ``spans`` (what a rank was doing and when), ``errors``. This subpackage
+imports nothing else of parlab.
 """
 
 from parlab.launch.backends import (DEFAULT_TIMEOUT, MAX_WORLD_SIZE, default_backend,

@@ -28,8 +28,6 @@ import sys
 
 __all__ = ["in_notebook_kernel", "exit_without_collecting"]
 
-_registered = False
-
 
 def in_notebook_kernel() -> bool:
     """Whether this process is a Jupyter kernel (IPython with a kernel), without importing
@@ -41,10 +39,7 @@ def in_notebook_kernel() -> bool:
 
 def exit_without_collecting() -> None:
     """At this process's exit, freeze its heap (``gc.freeze``) before IPython's exit handler
-    and Python's shutdown collect it (module docstring). Registered once; ``atexit`` runs
-    handlers last-registered first, so this runs before every handler registered earlier
-    (IPython's among them) and after those registered later."""
-    global _registered
-    if not _registered:
-        _registered = True
-        atexit.register(gc.freeze)
+    and Python's shutdown collect it (module docstring). ``atexit`` runs handlers
+    last-registered first, so this runs before every handler registered earlier (IPython's
+    among them) and after those registered later."""
+    atexit.register(gc.freeze)

@@ -120,11 +120,10 @@ def import_while_waiting() -> threading.Thread | None:
     and a core is free, and most chapters then build an optimizer in the kernel itself (a
     reference run, a measurement), whose first construction imports ``torch._dynamo`` (about
     3 s on a small machine: ``add_param_group`` is wrapped by ``torch._disable_dynamo``).
-    Imported here, that time overlaps the wait; in a kernel so does ``matplotlib.pyplot``,
-    which a chapter's first figure after its first launch imported (0.4 s) in chapter 00.
-    The thread runs only while the caller's own
-    thread is inside the launch, which forks nothing of the caller, so no import runs beside
-    the reader's code and no fork copies a half-done import.
+    Imported here, that time overlaps the wait; in a kernel so does ``matplotlib.pyplot``
+    (0.4 s), which the chapters' first figures import. The thread runs only while the
+    caller's own thread is inside the launch, which forks nothing of the caller, so no import
+    runs beside the reader's code and no fork copies a half-done import.
     """
     if is_warm() or not _caller_imports():
         return None

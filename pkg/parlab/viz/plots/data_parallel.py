@@ -8,6 +8,7 @@ module only draws them.
 from __future__ import annotations
 
 from parlab.data_parallel import replica_names
+from parlab.viz.lazy import plt
 from parlab.viz.style import GPU_COLORS, rank_color
 
 __all__ = ["figure_8_2", "loss_curves", "traffic_figure", "scaling_figure", "ALGORITHM_LABELS"]
@@ -27,8 +28,6 @@ def figure_8_2(result: "BookRun", item: int = 0, tolerance: float = 1e-6):
     title states the match as a bound, ``tolerance``, not as the measured difference, which
     depends on the CPU's floating-point kernels.
     """
-    import matplotlib.pyplot as plt
-
     rows = [("local", "local ∇W1\n(own micro-batches)"), ("remote", "remote ∇W1\n(from peers)"),
             ("averaged", "averaged ∇W1\n(local + remote) / N"),
             ("weights", "W1 after the update")]
@@ -104,8 +103,6 @@ def _shared_scale(columns, keys, item: int) -> float:
 
 def loss_curves(runs: dict, reference_losses):
     """Loss per step for each world size (mean over ranks) against the single process."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     ax.plot(range(1, len(reference_losses) + 1), reference_losses, color="black", lw=3,
             alpha=0.25, label="one process, whole batch")
@@ -127,8 +124,6 @@ def loss_curves(runs: dict, reference_losses):
 
 def traffic_figure(table, gradient: int):
     """Bars: bytes each GPU sent per step, ring against naive, with 2(N-1)/N x gradient bytes."""
-    import matplotlib.pyplot as plt
-
     sizes = sorted(table["ranks"].unique())
     fig, axes = plt.subplots(1, len(sizes), figsize=(3.6 * len(sizes) + 0.8, 3.4), squeeze=False,
                              sharey=True)
@@ -158,8 +153,6 @@ def scaling_figure(scaling, label: str = ""):
     """Bytes per NIC per step and time per step as the cluster grows from 2 to 16384 GPUs,
     from a :class:`parlab.data_parallel.SyncScaling` (what
     :func:`parlab.data_parallel.sync_scaling` computes)."""
-    import matplotlib.pyplot as plt
-
     params, gpus, gbps = scaling.params, scaling.gpus, scaling.gbps
     algorithm, dtype_bytes = scaling.algorithm, scaling.dtype_bytes
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
