@@ -2,6 +2,7 @@
 
     python benchmarks/chapters.py                    # every chapter, 3 rounds
     python benchmarks/chapters.py 02 05 --rounds 5   # some chapters
+    python benchmarks/chapters.py 02 --cells 8       # and each chapter's 8 slowest cells
     python benchmarks/chapters.py --quick            # the empty notebook only: a smoke run
 
 The empty notebook imports parlab and runs one launch (4 ranks, one all-reduce): what any
@@ -11,7 +12,9 @@ JupyterLab's "Restart Kernel and Run All" does, with nbclient), so a busy moment
 machine slows a round's empty notebook and its chapters alike. The table shows per chapter
 the median of its rounds, the empty notebook's median, the difference ("own s": the seconds of
 the chapter's own work, beyond what any notebook pays) and their ratio; the project's budget
-is a ratio of at most 1.5. A measurement, never a test assertion.
+is a ratio of at most 1.5. A measurement, never a test assertion. ``--cells N`` lists, under
+the table, each chapter's N slowest cells (the median of their rounds, with the cell's first
+line of code): where a chapter's own seconds go, for whoever must make it fit.
 
 parlab's bytecode is compiled first, as a reader's machine has it after its first import:
 where ``PYTHONDONTWRITEBYTECODE`` is set (some containers and CI images), every kernel and
@@ -29,7 +32,8 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+
+from parlab.tools.book import kernel_client
 
 CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
 EMPTY = ["import torch, torch.distributed as dist\nimport parlab\nfrom parlab.launch import run",
@@ -43,12 +47,21 @@ def empty_notebook():
     return notebook
 
 
-def execute(notebook, cwd: Path) -> float:
-    """Seconds to start a kernel and run every cell of ``notebook`` in it."""
+def execute(notebook, cwd: Path) -> tuple[float, dict[int, float]]:
+    """Seconds to start a kernel and run every cell of ``notebook`` in it, and the seconds of
+    each code cell (by its index in the notebook)."""
+    started: dict[int, float] = {}
+    cells: dict[int, float] = {}
+
+    def cell_started(cell, cell_index):
+        started[cell_index] = time.perf_counter()
+
+    def cell_done(cell, cell_index, execute_reply):
+        cells[cell_index] = time.perf_counter() - started[cell_index]
+
     start = time.perf_counter()
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(cwd)}}).execute()
-    return time.perf_counter() - start
+    kernel_client(notebook, cwd, on_cell_start=cell_started, on_cell_executed=cell_done).execute()
+    return time.perf_counter() - start, cells
 
 
 def compile_parlab() -> None:
@@ -57,15 +70,34 @@ def compile_parlab() -> None:
         compileall.compile_dir(folder, quiet=2)
 
 
-def measure(chapters: list[Path], rounds: int) -> dict[str, list[float]]:
+def measure(chapters: list[Path], rounds: int
+            ) -> tuple[dict[str, list[float]], dict[str, dict[int, list[float]]]]:
+    """Run All seconds per notebook, one per round, and per chapter each cell's seconds."""
     compile_parlab()
     times: dict[str, list[float]] = {"(empty)": []}
+    cells: dict[str, dict[int, list[float]]] = {}
     for _ in range(rounds):
-        times["(empty)"].append(execute(empty_notebook(), CHAPTERS))
+        times["(empty)"].append(execute(empty_notebook(), CHAPTERS)[0])
         for path in chapters:
-            notebook = nbformat.read(path, as_version=4)
-            times.setdefault(path.stem, []).append(execute(notebook, CHAPTERS))
-    return times
+            total, per_cell = execute(nbformat.read(path, as_version=4), CHAPTERS)
+            times.setdefault(path.stem, []).append(total)
+            for index, seconds in per_cell.items():
+                cells.setdefault(path.stem, {}).setdefault(index, []).append(seconds)
+    return times, cells
+
+
+def slowest_cells(cells: dict[str, dict[int, list[float]]], count: int) -> str:
+    """Each chapter's ``count`` slowest cells: median seconds, index, first line of code."""
+    lines = []
+    for stem, per_cell in cells.items():
+        notebook = nbformat.read(CHAPTERS / f"{stem}.ipynb", as_version=4)
+        medians = sorted(((statistics.median(s), i) for i, s in per_cell.items()), reverse=True)
+        lines.append(f"{stem}: its {count} slowest cells (s)")
+        for seconds, index in medians[:count]:
+            code = [line for line in notebook.cells[index].source.splitlines()
+                    if line.strip() and not line.startswith("#")]
+            lines.append(f"  {seconds:5.2f}  cell {index:<3} {(code or [''])[0][:60]}")
+    return "\n".join(lines)
 
 
 def table(times: dict[str, list[float]]) -> str:
@@ -83,15 +115,27 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("chapters", nargs="*", help="chapter numbers (default: all)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cells", type=int, default=0, metavar="N",
+                        help="also list each chapter's N slowest cells")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: the empty notebook once, no chapter "
                              "(tests/test_benchmarks.py); its numbers mean nothing")
     args = parser.parse_args(argv)
     every = sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
     chosen = [p for p in every if not args.chapters or p.name[:2] in args.chapters]
+    unknown = sorted(set(args.chapters) - {p.name[:2] for p in every})
+    if unknown:
+        parser.error(f"no chapter {', '.join(unknown)}; the chapters are "
+                     f"{', '.join(p.name[:2] for p in every)}")
+    if args.rounds < 1 or args.cells < 0:
+        parser.error(f"--rounds must be at least 1 and --cells at least 0, got "
+                     f"{args.rounds} and {args.cells}")
     if args.quick:
         chosen, args.rounds = [], 1
-    print(table(measure(chosen, args.rounds)))
+    times, cells = measure(chosen, args.rounds)
+    print(table(times))
+    if args.cells > 0:
+        print("\n" + slowest_cells(cells, args.cells))
     return 0
 
 

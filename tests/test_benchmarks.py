@@ -65,3 +65,30 @@ def test_benchmark_runs_quickly(script, quick_runs):
     assert OUTPUT[script.name] in out.stdout, (
         f"benchmarks/{script.name} --quick did not print {OUTPUT[script.name]!r}; "
         f"it printed:\n{out.stdout}")
+
+
+def test_the_chapter_benchmark_prints_no_kernel_log(quick_runs):
+    """Its kernels log errors only: ipykernel's warning at every start (an unencrypted local
+    connection) came once per notebook, 31 lines above the table of a full run."""
+    out = quick_runs["chapters.py"]
+    assert "WARNING" not in out.stderr, out.stderr
+
+
+def test_slowest_cells_names_each_cell_by_its_first_line_of_code(tmp_path, monkeypatch):
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("chapters_benchmark",
+                                                  REPO / "benchmarks" / "chapters.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("# 99 · A chapter"),
+                      nbformat.v4.new_code_cell("# a comment first\n\nresult = slow()"),
+                      nbformat.v4.new_code_cell("print('quick')")]
+    nbformat.write(notebook, tmp_path / "99_chapter.ipynb")
+    monkeypatch.setattr(bench, "CHAPTERS", tmp_path)
+    text = bench.slowest_cells({"99_chapter": {2: [0.5, 0.1, 0.2], 1: [3.0, 1.0, 2.0]}}, 1)
+    assert text.splitlines() == ["99_chapter: its 1 slowest cells (s)",
+                                 "   2.00  cell 1   result = slow()"]

@@ -20,13 +20,26 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["chapters", "paired_text", "unpaired", "build", "to_html", "main"]
+__all__ = ["chapters", "paired_text", "unpaired", "kernel_client", "build", "to_html", "main"]
 
 PAIR_FORMAT = "py:percent"
 
 
 #: Where the chapters are when no folder is given: ``chapters/`` under the current directory.
 DEFAULT_CHAPTERS = Path("chapters")
+
+
+def kernel_client(notebook, folder: Path, timeout: float = 600, **options):
+    """An nbclient client that runs ``notebook`` in a fresh Python kernel started in ``folder``
+    (as JupyterLab starts a notebook's kernel in the notebook's folder); ``options`` go to
+    ``nbclient.NotebookClient``. The kernel logs errors only: ipykernel warns at every start
+    that its local connection is not encrypted, a warning per chapter that buried what the
+    maintainers' tools print themselves. A cell's own warnings are outputs, shown as ever."""
+    from nbclient import NotebookClient
+
+    return NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                          extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                          resources={"metadata": {"path": str(folder)}}, **options)
 
 
 def chapters(folder: Path | None = None) -> list[Path]:
@@ -139,7 +152,6 @@ def build(sources: list[Path], timeout: int = 900) -> None:
     """Execute each chapter from its ``.py`` and write the ``.ipynb`` with outputs, then re-pair."""
     import jupytext
     import nbformat
-    from nbclient import NotebookClient
 
     for source in sources:
         source = Path(source).with_suffix(".py")
@@ -151,10 +163,8 @@ def build(sources: list[Path], timeout: int = 900) -> None:
         started = time.monotonic()
         # no per-cell timestamps, and a cell's prints merged into one output however the
         # kernel flushed them: a rebuild then changes only what the code changed
-        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                record_timing=False, coalesce_streams=True,
-                                resources={"metadata": {"path": str(source.parent)}})
-        client.execute()
+        kernel_client(notebook, source.parent, timeout, record_timing=False,
+                      coalesce_streams=True).execute()
         _drop_pairing(notebook)
         notebook = _stable_widget_ids(notebook, target.stem)
         nbformat.write(notebook, target)
