@@ -95,7 +95,7 @@ def slowest_cells(cells: dict[str, dict[int, list[float]]], count: int) -> str:
         lines.append(f"{stem}: its {count} slowest cells (s)")
         for seconds, index in medians[:count]:
             code = [line for line in notebook.cells[index].source.splitlines()
-                    if line.strip() and not line.startswith("#")]
+                    if line.strip() and not line.lstrip().startswith("#")]
             lines.append(f"  {seconds:5.2f}  cell {index:<3} {(code or [''])[0][:60]}")
     return "\n".join(lines)
 

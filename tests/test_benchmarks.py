@@ -85,7 +85,7 @@ def test_slowest_cells_names_each_cell_by_its_first_line_of_code(tmp_path, monke
     spec.loader.exec_module(bench)
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_markdown_cell("# 99 · A chapter"),
-                      nbformat.v4.new_code_cell("# a comment first\n\nresult = slow()"),
+                      nbformat.v4.new_code_cell("# a comment first\n  # then one indented\nresult = slow()"),
                       nbformat.v4.new_code_cell("print('quick')")]
     nbformat.write(notebook, tmp_path / "99_chapter.ipynb")
     monkeypatch.setattr(bench, "CHAPTERS", tmp_path)
