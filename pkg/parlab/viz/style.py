@@ -6,8 +6,8 @@ one GPU from figure to figure.
 
 from __future__ import annotations
 
-__all__ = ["GPU_COLORS", "RANK_COLORS", "TAB10_COLORS", "rank_color", "show", "png",
-           "figure_title"]
+__all__ = ["GPU_COLORS", "RANK_COLORS", "TAB10_COLORS", "rank_color", "microbatch_color", "show",
+           "png", "figure_title"]
 
 #: One colour per GPU name, used by every chapter so A1 looks the same everywhere.
 GPU_COLORS = {
@@ -28,6 +28,11 @@ RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860",
 def rank_color(rank: int) -> str:
     """A stable colour for a rank number."""
     return RANK_COLORS[rank % len(RANK_COLORS)]
+
+
+def microbatch_color(microbatch: int) -> tuple:
+    """A micro-batch's colour in every pipeline chart (Gantt charts, timelines, traces)."""
+    return TAB10_COLORS[microbatch % len(TAB10_COLORS)]
 
 
 def show(fig, caption: str | None = None) -> None:

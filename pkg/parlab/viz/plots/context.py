@@ -8,10 +8,7 @@ from __future__ import annotations
 from parlab.viz.lazy import plt, ticker
 from parlab.viz.style import TAB10_COLORS
 
-
 __all__ = ["ring_steps_figure", "causal_work_figure", "memory_by_sequence_figure"]
-
-_COLORS = TAB10_COLORS
 
 
 def ring_steps_figure(world: int, computed: list[list[float]], layout: str):
@@ -23,7 +20,7 @@ def ring_steps_figure(world: int, computed: list[list[float]], layout: str):
     for r in range(world):
         for t in range(world):
             owner, share = (r - t) % world, computed[r][t]
-            ax.add_patch(plt.Rectangle((t, r), 0.94, 0.86, color=_COLORS[owner],
+            ax.add_patch(plt.Rectangle((t, r), 0.94, 0.86, color=TAB10_COLORS[owner],
                                        alpha=0.25 + 0.6 * share, lw=0))
             label = "skipped" if share == 0 else ("whole" if share == 1 else f"{share:.0%}")
             ax.text(t + 0.47, r + 0.43, f"K,V of {owner}\n{label}", ha="center", va="center",
@@ -55,7 +52,7 @@ def causal_work_figure(work: dict, unit_pairs: float, unit_flops: float):
         for i, layout in enumerate(layouts):
             values = [v / unit for v in work[layout][key]]
             xs = [r + (i - (len(layouts) - 1) / 2) * width for r in range(world)]
-            ax.bar(xs, values, width, color=_COLORS[i], label=layout)
+            ax.bar(xs, values, width, color=TAB10_COLORS[i], label=layout)
             for x, value in zip(xs, values):
                 ax.text(x, value, f"{value:.2g}", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(world), [f"rank {r}" for r in range(world)])
@@ -73,7 +70,7 @@ def memory_by_sequence_figure(curves: dict, lengths, capacity_gb: float):
     fig, axes = plt.subplots(1, len(curves), figsize=(10, 3.8), layout="constrained")
     for ax, (model, layouts) in zip(axes, curves.items()):
         for i, (label, values) in enumerate(layouts.items()):
-            ax.plot(lengths, values, marker="o", ms=3, color=_COLORS[i % len(_COLORS)],
+            ax.plot(lengths, values, marker="o", ms=3, color=TAB10_COLORS[i % len(TAB10_COLORS)],
                     label=label)
         ax.axhline(capacity_gb, color="0.3", ls="--", lw=1)
         ax.text(lengths[0], capacity_gb * 1.08, f"{capacity_gb:.0f} GB GPU", fontsize=7)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from parlab.viz.lazy import plt
 
-
 __all__ = ["dispatch_matrix_figure", "capacity_figure", "balance_figure", "matrix_panel"]
 
 

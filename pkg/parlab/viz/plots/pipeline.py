@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from parlab.pipeline import action_code
 from parlab.viz.lazy import lines, patches, plt
-from parlab.viz.style import GPU_COLORS, TAB10_COLORS, rank_color
+from parlab.viz.style import GPU_COLORS, microbatch_color, rank_color
 
 __all__ = ["draw_step", "draw_gantt", "step_figure", "gantt_figure", "comparison_figure",
            "sync_figure", "step_caption"]
 
-_MB_COLORS = TAB10_COLORS
 _BOX_W, _GAP = 1.5, 0.7
 
 
@@ -53,8 +52,8 @@ def draw_step(sim, step: int, ax) -> None:
                                        alpha=0.35 if work else 1.0, edgecolor=color, lw=2))
         ax.text(x(rank) + _BOX_W / 2, 1.5, sim.names[rank], ha="center", va="bottom",
                 fontsize=12, weight="bold", color=color)
-        lines = [_action_text(sim, a) for a in work] or ["idle"]
-        ax.text(x(rank) + _BOX_W / 2, 0.7, "\n".join(lines), ha="center", va="center",
+        texts = [_action_text(sim, a) for a in work] or ["idle"]
+        ax.text(x(rank) + _BOX_W / 2, 0.7, "\n".join(texts), ha="center", va="center",
                 fontsize=10, color="black" if work else "#888888")
     reach = 0.0  # how far wrap-around arcs bulge above or below the boxes
     for t in record.transfers:
@@ -102,7 +101,7 @@ def draw_gantt(sim, ax, step: int | None = None, in_time: bool = False) -> None:
             work = [a for r, a in record.compute if r == rank]
             for n, action in enumerate(work):
                 width = scale / len(work)
-                color = _MB_COLORS[action.microbatch % len(_MB_COLORS)]
+                color = microbatch_color(action.microbatch)
                 left = left0 + n * width
                 ax.add_patch(patches.Rectangle((left, rank - 0.42), width, 0.84, facecolor=color,
                                                alpha=0.4 if action.kind == "F" else 0.95, lw=0.5,

@@ -11,11 +11,10 @@ from __future__ import annotations
 from parlab.pipeline import Action, action_code
 from parlab.viz.lazy import patches, plt
 from parlab.viz.plots.pipeline import draw_gantt
-from parlab.viz.style import TAB10_COLORS
+from parlab.viz.style import microbatch_color
 
 __all__ = ["draw_trace", "trace_figure"]
 
-_MB_COLORS = TAB10_COLORS  # the Gantt chart's colours: one per micro-batch
 _COMPUTE = "#4C72B0"
 _COMM = {"send": "#C0392B", "recv": "#E8A39B", "all_reduce": "#8E44AD", "broadcast": "#B39DDB"}
 _OTHER_COMM = "#7F7F7F"
@@ -40,7 +39,7 @@ def _style(event) -> tuple[str, float, str]:
     if event.get("cat") == "communication":
         return _COMM.get(args.get("op"), _OTHER_COMM), 0.9, ""
     if "microbatch" in args and args.get("kind") in ("F", "B", "I", "W"):
-        color = _MB_COLORS[args["microbatch"] % len(_MB_COLORS)]
+        color = microbatch_color(args["microbatch"])
         label = action_code(Action(args.get("stage", 0), args["kind"], args["microbatch"]))
         return color, {"F": 0.45, "I": 0.7}.get(args["kind"], 0.95), label
     return _COMPUTE, 0.7, ""

@@ -10,11 +10,10 @@ from __future__ import annotations
 from parlab.pipeline import action_code
 from parlab.viz.lazy import patches, plt
 from parlab.viz.plots.timeline import draw_trace
-from parlab.viz.style import TAB10_COLORS
+from parlab.viz.style import microbatch_color
 
 __all__ = ["draw_timeline", "schedules_figure", "bubble_figure", "measured_figure"]
 
-_MB_COLORS = TAB10_COLORS  # one per micro-batch, as chapter 03's charts
 #: How dark each pass is: forward light, input gradient (B) middle, W and a full backward dark.
 _ALPHA = {"F": 0.35, "I": 0.7, "W": 1.0, "B": 0.95}
 _STYLES = {"1f1b": ("#DD8452", "^"), "zb-h1": ("#4C72B0", "o"), "zbv": ("#55A868", "D"),
@@ -32,7 +31,7 @@ def draw_timeline(t, ax, xmax: float | None = None) -> None:
         second = prog.chunks > 1 and a.stage >= prog.stages
         ax.add_patch(patches.Rectangle((e.start, e.rank - (0.42 if not second else 0.3)), width,
                                        0.84 if not second else 0.72,
-                                       facecolor=_MB_COLORS[a.microbatch % len(_MB_COLORS)],
+                                       facecolor=microbatch_color(a.microbatch),
                                        alpha=_ALPHA[a.kind], lw=0.8 if second else 0.5,
                                        edgecolor="black" if second else "white"))
         if width > span / 40:  # narrower boxes unlabelled: colour and shade tell them apart
